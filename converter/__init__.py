@@ -1,0 +1,56 @@
+"""converter: capture a torch model once and produce the Program both backends consume.
+
+Knows torch, nothing of jax or LiteRT. Heavy modules load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "capture",
+    "prepare",
+    "prepare_many",
+    "SignatureRequest",
+    "run_program",
+    "Program",
+    "Signature",
+    "TensorSpec",
+    "KEEP_WHOLE",
+    "decompose_nodes",
+    "check_support",
+    "LoweringRegistry",
+    "ConversionError",
+    "ExportFailedError",
+    "UnsupportedOpsError",
+    "DtypePolicyError",
+    "UnsupportedOutputError",
+    "convert",
+]
+
+_WHERE = {
+    "capture": "capture",
+    "prepare": "pipeline",
+    "prepare_many": "pipeline",
+    "SignatureRequest": "pipeline",
+    "run_program": "pipeline",
+    "Program": "program",
+    "Signature": "program",
+    "TensorSpec": "program",
+    "KEEP_WHOLE": "decompositions",
+    "decompose_nodes": "decompositions",
+    "check_support": "support",
+    "LoweringRegistry": "registry",
+    "ConversionError": "errors",
+    "ExportFailedError": "errors",
+    "UnsupportedOpsError": "errors",
+    "DtypePolicyError": "errors",
+    "UnsupportedOutputError": "errors",
+    "convert": "convert",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'converter' has no attribute {name!r}")

@@ -1,0 +1,152 @@
+"""Capture: nn.Module / ExportedProgram / .pt2 file -> torch.export.ExportedProgram."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import warnings
+
+import torch
+
+from .errors import ExportFailedError
+
+__all__ = ["capture", "explain_export_error"]
+
+
+def _as_tuple(args):
+    if args is None:
+        return ()
+    if isinstance(args, tuple):
+        return args
+    if isinstance(args, list):
+        return tuple(args)
+    return (args,)
+
+
+def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None, strict="auto"):
+    """Export ``module`` with torch.export.
+
+    ``module`` may be an nn.Module (exported here), an ExportedProgram (used as is) or the path
+    of a ``.pt2`` file saved by ``torch.export.save``. ``strict="auto"`` tries non-strict first
+    (it accepts more Python), then strict; the first error is the one explained to the user.
+    """
+    if isinstance(module, (str, os.PathLike)):
+        path = os.fspath(module)
+        if not os.path.isfile(path):
+            raise ExportFailedError(f"{path}: no such file. Fix: pass an nn.Module or a .pt2 saved by torch.export.save")
+        try:
+            return torch.export.load(path)
+        except Exception as e:  # noqa: BLE001
+            raise ExportFailedError(
+                f"{path}: not a readable torch.export .pt2 archive ({type(e).__name__}: {str(e)[:200]}). "
+                "Fix: save it with torch.export.save(torch.export.export(model, args), path)"
+            ) from e
+    if isinstance(module, torch.export.ExportedProgram):
+        return module
+    if not isinstance(module, torch.nn.Module):
+        if callable(module):
+            raise ExportFailedError(
+                f"got a {type(module).__name__}, not an nn.Module. Fix: wrap the function in an nn.Module whose forward calls it"
+            )
+        raise ExportFailedError(f"cannot convert a {type(module).__name__}; pass an nn.Module, an ExportedProgram or a .pt2 path")
+    args = _as_tuple(sample_args)
+    kwargs = dict(sample_kwargs or {})
+    if module.training:
+        warnings.warn(
+            f"{type(module).__name__} is in training mode; converting a copy of it in eval mode "
+            "(dropout off, BatchNorm using running stats). Call module.eval() to silence this.",
+            stacklevel=3,
+        )
+        module = _eval_copy(module)
+    modes = {"auto": (False, True), True: (True,), False: (False,), "strict": (True,), "non_strict": (False,)}
+    if strict not in modes:
+        raise ValueError(f"strict must be 'auto', True or False, not {strict!r}")
+    first_error = None
+    for s in modes[strict]:
+        try:
+            with torch.no_grad():
+                return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=s)
+        except Exception as e:  # noqa: BLE001
+            if first_error is None:
+                first_error = e
+    raise explain_export_error(first_error, module) from first_error
+
+
+def _eval_copy(module):
+    import copy
+
+    m = copy.copy(module)  # shallow: shares parameters; only the training flags differ
+    m.__dict__["_modules"] = {k: _eval_copy(v) if v is not None else None for k, v in module._modules.items()}
+    m.training = False
+    return m
+
+
+# (pattern in the torch error, cause, fix)
+_KNOWN = [
+    (
+        r"data.dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|could not extract specialized integer",
+        "the model branches (if/while) or sizes a tensor on a value computed from its inputs",
+        "use torch.cond(pred, true_fn, false_fn, operands) for the branch, torch._check(...) to state the value's range, "
+        "or compute the size from input shapes instead of tensor values",
+    ),
+    (
+        r"Constraints violated|specialized.*(to|be) a constant|ConstraintViolation|not all values of",
+        "a dimension you marked dynamic is forced to a fixed value (or a range) by the model's code",
+        "drop that dim from dynamic_shapes, or give the Dim the min/max the error names (torch.export.Dim(name, min=..., max=...))",
+    ),
+    (
+        r"Unsupported: .*(call_function|builtin|method)|torch\._dynamo\.exc\.Unsupported",
+        "strict tracing met Python it cannot trace",
+        "convert with strict_export=False (non-strict), or move that Python code out of forward",
+    ),
+    (
+        r"missing \d+ required positional argument|takes \d+ positional argument|unexpected keyword argument",
+        "the sample inputs do not match forward's parameters",
+        "pass sample_args / sample_kwargs exactly as you would call model(*args, **kwargs)",
+    ),
+    (
+        r"Expected.*dynamic_shapes|dynamic_shapes.*(structure|match)",
+        "dynamic_shapes does not have the structure of the inputs",
+        "give dynamic_shapes the same structure as (args, kwargs), e.g. ({0: Dim('batch')},) for one tensor input",
+    ),
+]
+
+
+def _user_frame(exc) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    for fr in reversed(frames):
+        if "/torch/" not in fr.filename and "/converter/" not in fr.filename:
+            return f'File "{fr.filename}", line {fr.lineno}: {fr.line}'
+    m = re.search(r'File "([^"]+)", line (\d+)', str(exc))
+    return f'File "{m.group(1)}", line {m.group(2)}' if m else ""
+
+
+def explain_export_error(exc: BaseException, module=None) -> ExportFailedError:
+    text = f"{type(exc).__name__}: {exc}"
+    name = type(module).__name__ if module is not None else "the model"
+    cause, fix = "torch.export could not trace the model", (
+        "see the chained exception for torch's report; try strict_export=False, or simplify forward"
+    )
+    for pattern, c, f in _KNOWN:
+        if re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL):
+            cause, fix = c, f
+            break
+    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    where = _user_frame(exc)
+    msg = f"torch.export failed on {name}: {cause}.\n  torch says: {first}\n"
+    if where:
+        msg += f"  at {where}\n"
+    msg += f"  Fix: {fix}."
+    return ExportFailedError(msg)
+
+
+def forward_params(module) -> list[str]:
+    if not isinstance(module, torch.nn.Module):
+        return []
+    try:
+        return [p for p in inspect.signature(module.forward).parameters]
+    except (TypeError, ValueError):
+        return []

@@ -1,0 +1,124 @@
+"""The one decomposition table: core ATen decompositions minus the ops a backend keeps whole.
+
+Decomposition runs once per capture, keeping the union of what the requested backends keep.
+A backend that is handed a kept op it does not lower decomposes that op itself with
+``decompose_nodes`` — from this same table, so both backends see identical core-ATen math.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+__all__ = ["KEEP_WHOLE", "decomposition_table", "decompose", "decompose_nodes"]
+
+aten = torch.ops.aten
+
+# Ops worth lowering whole: each maps onto one fused builtin (LiteRT) or a Pallas/XLA pattern
+# that the decomposed form would have to be pattern-matched back into.
+KEEP_WHOLE: frozenset = frozenset(
+    {
+        aten.scaled_dot_product_attention.default,
+        aten.layer_norm.default,
+        aten.group_norm.default,
+        aten.rms_norm.default,
+        aten.gelu.default,  # core already; listed so a backend must say whether it keeps it
+        aten.silu.default,
+        aten.hardswish.default,
+        aten.hardsigmoid.default,
+        aten.upsample_bilinear2d.vec,
+        aten.upsample_nearest2d.vec,
+        aten.pixel_shuffle.default,
+        aten.pixel_unshuffle.default,
+        aten.linear.default,
+        aten.matmul.default,
+    }
+)
+
+
+def decomposition_table(keep=KEEP_WHOLE) -> dict:
+    """torch.export's core-ATen table with the ops in ``keep`` removed (so they stay whole)."""
+    table = torch.export.default_decompositions()
+    for op in keep:
+        if op in table:
+            del table[op]
+    return table
+
+
+def decompose(exported: torch.export.ExportedProgram, keep=KEEP_WHOLE) -> torch.export.ExportedProgram:
+    return exported.run_decompositions(decomposition_table(keep))
+
+
+def _decomposition_fn(op):
+    # The full core table (nothing kept): the op's own decomposition, recursively to core ATen.
+    full = torch.export.default_decompositions()
+    if op in full:
+        return full[op], dict(full)
+    from torch._decomp import core_aten_decompositions
+
+    core = core_aten_decompositions()
+    if op in core:
+        return core[op], dict(core)
+    # CompositeImplicitAutograd ops (e.g. linear, matmul) decompose through their own kernel.
+    return (lambda *a, **k: op.decompose(*a, **k)), dict(full)
+
+
+def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
+    """Replace every call of an op in ``ops`` by its decomposition, traced on the node's fake
+    values and spliced in place. Returns the number of nodes replaced."""
+    ops = set(ops)
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in ops:
+            continue
+        fn, table = _decomposition_fn(node.target)
+        flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+        tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+        fake_in = [flat[i].meta["val"] for i in tensor_pos]
+
+        def run(*vals, _flat=flat, _pos=tensor_pos, _spec=spec, _fn=fn):
+            leaves = list(_flat)
+            for i, v in zip(_pos, vals):
+                leaves[i] = v
+            a, k = torch.utils._pytree.tree_unflatten(leaves, _spec)
+            return _fn(*a, **k)
+
+        fake_mode = torch._guards.detect_fake_mode(fake_in)
+        with fake_mode:
+            sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fake_in)
+        _splice(gm, node, sub, [flat[i] for i in tensor_pos])
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _splice(gm, node, sub: torch.fx.GraphModule, inputs):
+    env = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for ph, arg in zip(placeholders, inputs):
+        env[ph] = arg
+    result = None
+    with gm.graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+                continue
+            if n.op == "get_attr":
+                raise NotImplementedError("decomposition created a constant tensor")
+            new = gm.graph.node_copy(n, lambda a: env[a])
+            new.meta.setdefault("stack_trace", node.meta.get("stack_trace"))
+            new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
+            env[n] = new
+    if isinstance(result, (list, tuple)):
+        for user in list(node.users):
+            # multi-output op: users are getitem nodes
+            idx = user.args[1]
+            user.replace_all_uses_with(result[idx])
+            gm.graph.erase_node(user)
+    else:
+        node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)

@@ -1,0 +1,65 @@
+"""Errors raised by the shared pipeline. Every message names the cause and the fix."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConversionError",
+    "ExportFailedError",
+    "UnsupportedOpsError",
+    "DtypePolicyError",
+    "UnsupportedOutputError",
+    "source_line",
+]
+
+
+class ConversionError(Exception):
+    """Base class: a model could not be converted. The message says why and what to do."""
+
+
+class ExportFailedError(ConversionError):
+    """torch.export rejected the model."""
+
+
+class DtypePolicyError(ConversionError):
+    """A value cannot be narrowed to 32 bits without changing the result."""
+
+
+class UnsupportedOutputError(ConversionError):
+    """The model returns something that is not a tensor (or a pytree of tensors)."""
+
+
+def source_line(node) -> str:
+    """The user's source line for an fx node, from the stack trace torch.export recorded.
+
+    The trace lists frames outermost first; the last frame outside torch itself is the line
+    the user wrote (``File "model.py", line 12, in forward``) and the code on it.
+    """
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines() if ln.strip()]
+    best = None
+    for i, ln in enumerate(lines):
+        if ln.startswith("File ") and "/torch/" not in ln and "\\torch\\" not in ln:
+            code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+            best = f"{ln}: {code}" if code else ln
+    if best is None and lines:
+        best = lines[-1]
+    return best or "<unknown source line>"
+
+
+class UnsupportedOpsError(ConversionError):
+    """One or more ops have no lowering on the chosen backend. Lists all of them at once."""
+
+    def __init__(self, backend: str, missing: dict[str, list[str]]):
+        # missing: op name -> list of source lines (one per node)
+        self.backend = backend
+        self.missing = missing
+        parts = [f"{len(missing)} op(s) cannot be lowered by the {backend} backend (nothing was written):"]
+        for op, where in sorted(missing.items()):
+            parts.append(f"  {op}  x{len(where)}")
+            for src in sorted(set(where))[:5]:
+                parts.append(f"      at {src}")
+        parts.append(
+            "Fix: rewrite those lines with supported ops (see `tpu-export ops`), "
+            "or pick a target whose backend lowers them."
+        )
+        super().__init__("\n".join(parts))

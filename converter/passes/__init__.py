@@ -1,0 +1,33 @@
+"""The shared passes, each small and named, run as a plain list with a verifier between them."""
+
+from __future__ import annotations
+
+from ..program import Program, verify_program
+from .dead_code import remove_dead_code
+from .dtype_policy import apply_dtype_policy
+from .fold_batchnorm import fold_batchnorm
+from .fold_constants import fold_constants
+from .naming import name_tensors
+from ._util import drop_unused_weights, sync_weights
+
+__all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_constants", "remove_dead_code",
+           "apply_dtype_policy", "name_tensors"]
+
+# Order matters:
+# - BatchNorm folding first: it needs the conv -> BN pattern intact and adds folded weights.
+# - dtype policy before constant folding, so folded values are computed in the final dtypes
+#   (an int64 arange folded first would carry int64 into the weights).
+# - constant folding, then dead code: folding leaves the weight-only subgraphs unread.
+# - naming last, over the final graph.
+SHARED_PASSES = [fold_batchnorm, apply_dtype_policy, fold_constants, remove_dead_code, name_tensors]
+
+
+def run_shared_passes(prog: Program, passes=SHARED_PASSES) -> Program:
+    for p in passes:
+        p(prog)
+        # Passes add and orphan weights; keep placeholders, weight_names and weights in step.
+        for sig in prog.signatures.values():
+            sync_weights(prog, sig)
+        drop_unused_weights(prog)
+        verify_program(prog, p.__name__)
+    return prog

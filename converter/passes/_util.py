@@ -1,0 +1,60 @@
+"""Small helpers the shared passes use to edit a Signature's graph."""
+
+from __future__ import annotations
+
+import torch
+
+from ..program import Program, Signature
+
+
+def fake_mode_of(sig: Signature):
+    vals = [n.meta["val"] for n in sig.graph.nodes if n.op == "placeholder" and "val" in n.meta]
+    mode = torch._guards.detect_fake_mode(vals)
+    if mode is None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode()
+    return mode
+
+
+def add_weight(prog: Program, sig: Signature, name: str, tensor: torch.Tensor) -> torch.fx.Node:
+    """Add ``tensor`` to the program's weights under a fresh name and a placeholder for it in
+    ``sig`` (placed after the other weights, before the user inputs)."""
+    base, i = name, 1
+    while name in prog.weights:
+        i += 1
+        name = f"{base}_{i}"
+    prog.weights[name] = tensor
+    mode = fake_mode_of(sig)
+    first_input = next((n for n in sig.graph.nodes if n.op == "placeholder" and "weight_name" not in n.meta), None)
+    anchor = first_input or next(n for n in sig.graph.nodes if n.op != "placeholder")
+    with sig.graph.inserting_before(anchor):
+        node = sig.graph.placeholder(_safe_name(name))
+    node.meta["val"] = mode.from_tensor(tensor, static_shapes=True)
+    node.meta["weight_name"] = name
+    return node
+
+
+def _safe_name(name: str) -> str:
+    return "w_" + "".join(c if c.isalnum() else "_" for c in name)
+
+
+def sync_weights(prog: Program, sig: Signature) -> None:
+    """Drop weight placeholders nobody reads; refresh ``weight_names`` from the graph."""
+    for n in list(sig.graph.nodes):
+        if n.op == "placeholder" and "weight_name" in n.meta and not n.users:
+            sig.graph.erase_node(n)
+    sig.weight_names = [n.meta["weight_name"] for n in sig.weight_nodes()]
+    sig.graph_module.recompile()
+
+
+def drop_unused_weights(prog: Program) -> None:
+    used = {w for s in prog.signatures.values() for w in s.weight_names}
+    for k in [k for k in prog.weights if k not in used]:
+        del prog.weights[k]
+
+
+def weight_of(prog: Program, node) -> torch.Tensor | None:
+    if isinstance(node, torch.fx.Node) and node.op == "placeholder" and "weight_name" in node.meta:
+        return prog.weights[node.meta["weight_name"]]
+    return None

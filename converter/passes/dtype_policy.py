@@ -1,0 +1,99 @@
+"""64 -> 32-bit dtype policy: int64/float64 become int32/float32 unless enable_x64.
+
+LiteRT kernels and TPUs run 32-bit integers and floats; carrying int64 indices through a model
+costs memory and, on TPU, emulated arithmetic. Values that would change meaning (an int64
+weight or literal outside the int32 range) are errors, never silent wraps.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..interpret import NarrowingInterpreter
+from ..errors import DtypePolicyError, source_line
+from ..program import Program, refresh_signature_specs
+from ..registry import op_name
+from ._util import fake_mode_of
+
+NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
+_I32 = (-(2**31), 2**31 - 1)
+
+
+def _narrow_dtype(d):
+    return NARROW.get(d, d)
+
+
+def apply_dtype_policy(prog: Program) -> None:
+    if prog.enable_x64:
+        return
+    for name, w in list(prog.weights.items()):
+        if w.dtype in NARROW:
+            if w.dtype == torch.int64 and w.numel() and (w.min() < _I32[0] or w.max() > _I32[1]):
+                raise DtypePolicyError(
+                    f"weight {name!r} holds int64 values outside the int32 range "
+                    f"([{int(w.min())}, {int(w.max())}]). Fix: convert with enable_x64=True."
+                )
+            prog.weights[name] = w.to(NARROW[w.dtype])
+    for sig in prog.signatures.values():
+        changed_in = [s.name for s in sig.inputs if s.dtype in NARROW]
+        changed_out = [s.name for s in sig.outputs if s.dtype in NARROW]
+        touched = bool(changed_in or changed_out)
+        for n in sig.graph.nodes:
+            if n.op != "call_function":
+                continue
+            val = n.meta.get("val")
+            out_is_64 = isinstance(val, torch.Tensor) and val.dtype in NARROW
+            if "dtype" in n.kwargs and n.kwargs["dtype"] in NARROW:
+                n.kwargs = {**n.kwargs, "dtype": _narrow_dtype(n.kwargs["dtype"])}
+                touched = True
+            if out_is_64:
+                touched = True
+                if val.dtype == torch.int64:
+                    for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs)):
+                        if isinstance(a, int) and not isinstance(a, bool) and not (_I32[0] <= a <= _I32[1]):
+                            raise DtypePolicyError(
+                                f"{op_name(n.target)} uses the int64 constant {a}, which does not fit int32, "
+                                f"at {source_line(n)}. Fix: convert with enable_x64=True, or use a smaller constant."
+                            )
+        if not touched:
+            continue
+        mode = fake_mode_of(sig)
+        new_vals = []
+        for n in sig.graph.nodes:
+            if n.op != "placeholder":
+                continue
+            v = n.meta["val"]
+            if v.dtype in NARROW:
+                with mode:
+                    v = torch.empty_strided(v.shape, v.stride(), dtype=NARROW[v.dtype], device=v.device)
+                n.meta["val"] = v
+            new_vals.append(v)
+        _propagate(sig, mode, new_vals)
+        refresh_signature_specs(sig)
+        if changed_in or changed_out:
+            what = []
+            if changed_in:
+                what.append(f"inputs {changed_in}")
+            if changed_out:
+                what.append(f"outputs {changed_out}")
+            warnings.warn(
+                f"signature {sig.name!r}: 64-bit {' and '.join(what)} become 32-bit (int64->int32, "
+                "float64->float32), as LiteRT and TPUs run them. Pass enable_x64=True to keep 64-bit.",
+                stacklevel=2,
+            )
+
+
+def _propagate(sig, mode, placeholder_vals) -> None:
+    """Recompute every node's fake value under the policy (int64 results read as int32)."""
+    interp = NarrowingInterpreter(sig.graph_module)
+    vals = iter(placeholder_vals)
+    with mode:
+        for n in sig.graph.nodes:
+            if n.op == "placeholder":
+                interp.env[n] = next(vals)
+            elif n.op == "call_function":
+                out = interp.run_node(n)
+                interp.env[n] = out
+                n.meta["val"] = out

@@ -1,0 +1,320 @@
+"""The Program both backends consume: core-ATen graphs, shared weights and signatures."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import ConversionError, UnsupportedOutputError
+
+__all__ = ["TensorSpec", "Signature", "Program", "program_from_exported", "verify_program"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple  # ints, and str names for dynamic dims (e.g. "batch")
+    dtype: torch.dtype
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(isinstance(d, str) for d in self.shape)
+
+
+@dataclasses.dataclass
+class Signature:
+    """One entry point. ``graph_module``'s placeholders are the weights it reads (in the order
+    of ``weight_names``), then the user inputs (in the order of ``inputs``)."""
+
+    name: str
+    graph_module: torch.fx.GraphModule
+    weight_names: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    in_spec: Any  # pytree spec of (args, kwargs) as the user passes them
+    out_spec: Any  # pytree spec of the output
+    dim_ranges: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+    def weight_nodes(self) -> list[torch.fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder" and "weight_name" in n.meta]
+
+    def input_nodes(self) -> list[torch.fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "placeholder" and "weight_name" not in n.meta]
+
+    def output_nodes(self) -> list:
+        return list(pytree.tree_leaves(next(n for n in self.graph.nodes if n.op == "output").args[0]))
+
+    def flatten_inputs(self, args=(), kwargs=None) -> list:
+        """User args/kwargs -> the flat list of tensors in ``inputs`` order."""
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        if spec != self.in_spec and len(flat) != len(self.inputs):
+            raise TypeError(
+                f"signature {self.name!r} takes inputs {[i.name for i in self.inputs]}; got {len(flat)} values"
+            )
+        return flat
+
+    def unflatten_outputs(self, flat: list):
+        return pytree.tree_unflatten(list(flat), self.out_spec)
+
+    def op_histogram(self) -> dict[str, int]:
+        from .registry import op_name
+
+        hist: dict[str, int] = {}
+        for n in self.graph.nodes:
+            if n.op == "call_function":
+                k = op_name(n.target)
+                hist[k] = hist.get(k, 0) + 1
+        return hist
+
+
+@dataclasses.dataclass
+class Program:
+    weights: dict[str, torch.Tensor]  # shared across signatures, each stored once
+    signatures: dict[str, Signature]
+    enable_x64: bool = False
+    exported: dict[str, torch.export.ExportedProgram] = dataclasses.field(default_factory=dict, repr=False)
+
+    def signature(self, name: str | None = None) -> Signature:
+        if name is None:
+            name = next(iter(self.signatures))
+        try:
+            return self.signatures[name]
+        except KeyError:
+            raise KeyError(f"no signature {name!r}; this program has {sorted(self.signatures)}") from None
+
+    def fingerprint(self) -> str:
+        """A hash of the program's code and weights (for artifact manifests)."""
+        h = hashlib.sha256()
+        for name, sig in sorted(self.signatures.items()):
+            h.update(name.encode())
+            h.update(str(sig.graph).encode())
+        for name, w in sorted(self.weights.items()):
+            h.update(name.encode())
+            h.update(str((tuple(w.shape), w.dtype)).encode())
+            h.update(w.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes() if w.numel() else b"")
+        return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _storage_key(t: torch.Tensor):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _symbol_names(sig_inputs, args, kwargs, dynamic_shapes, forward_params) -> dict[str, str]:
+    """Map torch's symbols (s0, s77) to the user's Dim names, where the spec makes it plain."""
+    names: dict[str, str] = {}
+    if dynamic_shapes is None:
+        return names
+    per_arg = []
+    if isinstance(dynamic_shapes, dict):
+        per_arg = [dynamic_shapes.get(p) for p in forward_params]
+    else:
+        per_arg = list(dynamic_shapes)
+    values = list(args) + [kwargs[k] for k in kwargs]
+    if len(values) != len(sig_inputs):
+        return names  # nested inputs: keep torch's symbol names
+    for node, spec in zip(sig_inputs, per_arg):
+        if spec is None:
+            continue
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec)
+        shape = node.meta["val"].shape
+        for dim, d in items:
+            n = getattr(d, "__name__", None)
+            if d is not None and isinstance(n, str) and dim < len(shape) and isinstance(shape[dim], torch.SymInt):
+                names[str(shape[dim].node.expr)] = n
+    return names
+
+
+def dim_of(d, sym_names: dict[str, str]):
+    if isinstance(d, torch.SymInt):
+        expr = str(d.node.expr)
+        return sym_names.get(expr, expr)
+    return int(d)
+
+
+def _output_names(out_spec, n: int) -> list[str]:
+    dummy = pytree.tree_unflatten(list(range(n)), out_spec)
+    leaves = pytree.tree_flatten_with_path(dummy)[0]
+    names = []
+    top_is_dict = isinstance(dummy, dict)
+    for path, _ in leaves:
+        parts = []
+        for k in path:
+            parts.append(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))))
+        if not parts:
+            parts = ["0"]
+        names.append("_".join(parts) if top_is_dict else "output_" + "_".join(parts))
+    return names
+
+
+def _strip_runtime_asserts(gm: torch.fx.GraphModule) -> None:
+    # Shape/dtype asserts torch.export inserts are checked at capture; backends need none.
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and not n.users and "assert" in getattr(n.target, "__name__", ""):
+            gm.graph.erase_node(n)
+    for n in list(gm.graph.nodes):
+        if n.op == "call_function" and not n.users and str(n.target).startswith("aten.sym_constrain_range"):
+            gm.graph.erase_node(n)
+
+
+def program_from_exported(
+    exported: dict[str, tuple[torch.export.ExportedProgram, dict]],
+    *,
+    enable_x64: bool = False,
+) -> Program:
+    """Build a Program from decomposed ExportedPrograms, one per signature.
+
+    ``exported`` maps signature name -> (decomposed ExportedProgram, info) where info may hold
+    'args', 'kwargs', 'dynamic_shapes', 'forward_params' for naming dynamic dims.
+    Weights that are the same tensor (same storage) across signatures are stored once.
+    """
+    weights: dict[str, torch.Tensor] = {}
+    by_storage: dict = {}
+    signatures: dict[str, Signature] = {}
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    for sig_name, (ep, info) in exported.items():
+        gm = ep.graph_module
+        gs = ep.graph_signature
+        _strip_runtime_asserts(gm)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        weight_names, user_nodes = [], []
+        for node, spec in zip(placeholders, gs.input_specs):
+            if spec.kind == InputKind.USER_INPUT:
+                user_nodes.append(node)
+                continue
+            if spec.kind == InputKind.TOKEN:
+                raise ConversionError(f"signature {sig_name!r}: effect tokens are not supported")
+            target = spec.target
+            tensor = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+            if isinstance(tensor, torch.nn.Parameter):
+                tensor = tensor.data
+            if not isinstance(tensor, torch.Tensor):
+                raise ConversionError(
+                    f"signature {sig_name!r}: constant {target!r} is a {type(tensor).__name__}, not a tensor"
+                )
+            key = _storage_key(tensor)
+            name = by_storage.get(key)
+            if name is None:
+                name = target
+                if name in weights:  # a different tensor under the same name in another signature
+                    name = f"{sig_name}.{target}"
+                weights[name] = tensor
+                by_storage[key] = name
+            node.meta["weight_name"] = name
+            weight_names.append(name)
+
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        out_vals = list(out_node.args[0])
+        user_out = []
+        for val, spec in zip(out_vals, gs.output_specs):
+            if spec.kind == OutputKind.USER_OUTPUT:
+                user_out.append(val)
+            elif spec.kind == OutputKind.BUFFER_MUTATION:
+                raise ConversionError(
+                    f"signature {sig_name!r}: the model mutates buffer {spec.target!r} in forward. "
+                    "Fix: call module.eval() before converting, or return the new value instead of "
+                    "assigning it to the buffer."
+                )
+            else:
+                raise ConversionError(f"signature {sig_name!r}: unsupported output kind {spec.kind}")
+        out_spec = ep.call_spec.out_spec
+        names = _output_names(out_spec, len(user_out))
+        for nm, val in zip(names, user_out):
+            if not isinstance(val, torch.fx.Node) or not isinstance(val.meta.get("val"), torch.Tensor):
+                raise UnsupportedOutputError(
+                    f"signature {sig_name!r}: output {nm!r} is {val!r}, not a tensor. LiteRT and "
+                    "StableHLO programs return tensors only. Fix: return tensors (wrap a Python "
+                    "number in torch.tensor(...)) or drop it from the output."
+                )
+        out_node.args = (tuple(user_out),)
+
+        sym_names = _symbol_names(
+            user_nodes, info.get("args", ()), info.get("kwargs", {}) or {}, info.get("dynamic_shapes"),
+            info.get("forward_params", []),
+        )
+
+        def spec_of(name, node):
+            v = node.meta["val"]
+            return TensorSpec(name, tuple(dim_of(d, sym_names) for d in v.shape), v.dtype)
+
+        inputs = [spec_of(n.name, n) for n in user_nodes]
+        outputs = [spec_of(nm, v) for nm, v in zip(names, user_out)]
+        ranges = {}
+        for sym, rng in ep.range_constraints.items():
+            name = sym_names.get(str(sym), str(sym))
+            hi = rng.upper
+            ranges[name] = (int(rng.lower), int(hi) if hi.is_finite and hi < 2**31 else 2**31 - 1)
+        gm.graph.lint()
+        gm.recompile()
+        signatures[sig_name] = Signature(
+            name=sig_name,
+            graph_module=gm,
+            weight_names=weight_names,
+            inputs=inputs,
+            outputs=outputs,
+            in_spec=ep.call_spec.in_spec,
+            out_spec=out_spec,
+            dim_ranges=ranges,
+        )
+    prog = Program(weights=weights, signatures=signatures, enable_x64=enable_x64)
+    prog.exported = {k: v[0] for k, v in exported.items()}
+    verify_program(prog, "build")
+    return prog
+
+
+def refresh_signature_specs(sig: Signature) -> None:
+    """Recompute input/output dtypes and shapes from the graph (after a pass changed them)."""
+    ins = sig.input_nodes()
+    sig.inputs = [
+        TensorSpec(spec.name, spec.shape, node.meta["val"].dtype) for spec, node in zip(sig.inputs, ins)
+    ]
+    outs = sig.output_nodes()
+    sig.outputs = [
+        TensorSpec(spec.name, spec.shape, node.meta["val"].dtype) for spec, node in zip(sig.outputs, outs)
+    ]
+
+
+class VerifierError(ConversionError):
+    pass
+
+
+def verify_program(prog: Program, stage: str) -> None:
+    """Structural checks between stages: the graph is well formed, every node carries a fake
+    value, placeholders are weights then inputs, and every weight exists exactly once."""
+    for sig in prog.signatures.values():
+        g = sig.graph
+        try:
+            g.lint()
+        except Exception as e:  # noqa: BLE001
+            raise VerifierError(f"after {stage}: signature {sig.name!r}: malformed graph: {e}") from e
+        seen_input = False
+        wn = []
+        for n in g.nodes:
+            if n.op == "placeholder":
+                if "weight_name" in n.meta:
+                    if seen_input:
+                        raise VerifierError(f"after {stage}: weight placeholder {n.name} after a user input")
+                    if n.meta["weight_name"] not in prog.weights:
+                        raise VerifierError(f"after {stage}: weight {n.meta['weight_name']!r} missing")
+                    wn.append(n.meta["weight_name"])
+                else:
+                    seen_input = True
+            if n.op in ("placeholder", "call_function") and "val" not in n.meta:
+                raise VerifierError(f"after {stage}: node {n.name} ({n.target}) has no meta['val']")
+            if n.op in ("call_module", "get_attr"):
+                raise VerifierError(f"after {stage}: node {n.name} is a {n.op}; expected a flat ATen graph")
+        if wn != sig.weight_names:
+            raise VerifierError(f"after {stage}: signature {sig.name!r} weight_names out of sync with graph")
+        if len(sig.input_nodes()) != len(sig.inputs) or len(sig.output_nodes()) != len(sig.outputs):
+            raise VerifierError(f"after {stage}: signature {sig.name!r} inputs/outputs out of sync with graph")
