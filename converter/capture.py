@@ -101,7 +101,8 @@ _KNOWN = [
         "convert with strict_export=False (non-strict), or move that Python code out of forward",
     ),
     (
-        r"missing \d+ required positional argument|takes \d+ positional argument|unexpected keyword argument",
+        r"missing \d+ required positional argument|missing a required argument|takes \d+ positional argument|"
+        r"unexpected keyword argument|too many positional arguments",
         "the sample inputs do not match forward's parameters",
         "pass sample_args / sample_kwargs exactly as you would call model(*args, **kwargs)",
     ),
@@ -114,14 +115,29 @@ _KNOWN = [
 
 
 def _user_frame(exc) -> str:
+    """The user's line: from torch's own report when it names one, else the traceback."""
+    import sysconfig
     import traceback
 
+    lines = str(exc).splitlines()
+    found = ""
+    for i, ln in enumerate(lines):
+        m = re.search(r'File "([^"]+)", line (\d+)', ln)
+        if m and "/torch/" not in m.group(1):
+            code = re.sub(r".*code: ", "", ln) if "code:" in ln else ""
+            if not code and i + 1 < len(lines) and "File " not in lines[i + 1]:
+                code = lines[i + 1].strip()
+            found = f'File "{m.group(1)}", line {m.group(2)}' + (f": {code.strip()}" if code else "")
+    if found:
+        return found
+    stdlib = sysconfig.get_paths()["stdlib"]
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     for fr in reversed(frames):
-        if "/torch/" not in fr.filename and "/converter/" not in fr.filename:
-            return f'File "{fr.filename}", line {fr.lineno}: {fr.line}'
-    m = re.search(r'File "([^"]+)", line (\d+)', str(exc))
-    return f'File "{m.group(1)}", line {m.group(2)}' if m else ""
+        f = fr.filename
+        if "/torch/" in f or "/converter/" in f or f.startswith(stdlib) or "site-packages" in f:
+            continue
+        return f'File "{f}", line {fr.lineno}: {fr.line}'
+    return ""
 
 
 def explain_export_error(exc: BaseException, module=None) -> ExportFailedError:
