@@ -1,0 +1,236 @@
+"""tpu-export: the command-line front end over converter.convert and the backends' loaders."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+__all__ = ["main"]
+
+EPILOG = """examples:
+  tpu-export demo
+  tpu-export targets
+  tpu-export convert model.pt2 --target tpu-v6e --topology 2x2 --target android -o out/
+  tpu-export convert mypkg.models:build --target web --dynamic-batch -o out/
+  tpu-export inspect out/model.tflite
+  tpu-export inspect out/model.tpuexp
+  tpu-export run out/model.tpuexp --input image=x.npy --save-outputs outs.npz
+  tpu-export ops
+"""
+
+
+class CliError(Exception):
+    pass
+
+
+def _progress(quiet: bool):
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def load_model_spec(spec: str):
+    """MODEL: a .pt2 file, or 'package.module:factory' returning (module, args[, kwargs])."""
+    if spec.endswith(".pt2") or os.path.isfile(spec):
+        return spec, None, None
+    if ":" not in spec:
+        raise CliError(f"MODEL {spec!r} is neither a .pt2 file nor 'package.module:factory'")
+    mod_name, fn_name = spec.split(":", 1)
+    sys.path.insert(0, os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        raise CliError(f"cannot load {spec!r}: {e}") from e
+    out = fn()
+    if not isinstance(out, tuple) or len(out) not in (2, 3):
+        raise CliError(f"{spec} must return (module, sample_args) or (module, sample_args, sample_kwargs)")
+    return out[0], out[1], (out[2] if len(out) == 3 else None)
+
+
+def cmd_convert(a) -> int:
+    from converter.convert import convert
+
+    module, args, kwargs = load_model_spec(a.model)
+    dyn = None
+    if a.dynamic_batch:
+        import torch
+
+        if args is None:
+            raise CliError("--dynamic-batch needs a factory MODEL (a .pt2 carries its own dynamic shapes)")
+        batch = torch.export.Dim("batch", min=1, max=a.max_batch)
+        dyn = tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in args)
+    opts = {}
+    if a.topology:
+        opts["topology"] = a.topology
+    if a.use_pallas is not None:
+        opts["use_pallas"] = {"on": True, "off": False, "auto": "auto"}[a.use_pallas]
+    if a.dtype:
+        opts["dtype"] = a.dtype
+    if a.quantize:
+        opts["quant_config"] = a.quantize
+    if a.calibration:
+        opts["calibration_data"] = _load_calibration(a.calibration)
+    if a.strict:
+        opts["strict_ops"] = True
+    if a.channel_last:
+        opts["to_channel_last_io"] = True
+    written = convert(module, args, kwargs, targets=a.target, out_dir=a.output, dynamic_shapes=dyn,
+                      progress=_progress(a.quiet), **opts)
+    for t, p in written.items():
+        print(f"{t}: {p}")
+    return 0
+
+
+def _load_calibration(path):
+    import numpy as np
+
+    with np.load(path, allow_pickle=False) as z:
+        keys = sorted(z.files)
+        arrays = [z[k] for k in keys]
+    # each array's first dim indexes calibration samples: one tuple of args per sample
+    n = arrays[0].shape[0]
+    return [tuple(arr[i] for arr in arrays) for i in range(n)]
+
+
+def cmd_run(a) -> int:
+    import numpy as np
+
+    inputs = {}
+    for item in a.input or []:
+        if "=" not in item:
+            raise CliError(f"--input takes NAME=file.npy, got {item!r}")
+        name, path = item.split("=", 1)
+        inputs[name] = np.load(path, allow_pickle=False)
+    model = _load_artifact(a.artifact)
+    out = model(signature_name=a.signature, **inputs)
+    import torch.utils._pytree as pytree
+
+    leaves, _ = pytree.tree_flatten_with_path(out)
+    named = {}
+    for path, v in leaves:
+        key = "_".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path) or "output_0"
+        named[key] = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+    if a.save_outputs:
+        np.savez(a.save_outputs, **named)
+    for k, v in named.items():
+        print(f"{k}: shape={list(v.shape)} dtype={v.dtype} values={np.array2string(v.ravel()[:8], precision=5)}")
+    return 0
+
+
+def _load_artifact(path):
+    if path.endswith(".tflite"):
+        import litert_torch
+
+        return litert_torch.load(path)
+    import tpu_backend
+
+    return tpu_backend.load(path)
+
+
+def cmd_inspect(a) -> int:
+    if a.artifact.endswith(".tflite"):
+        from edge.inspect import describe_tflite
+
+        print(describe_tflite(a.artifact))
+    else:
+        from tpu_backend.inspect import describe_artifact
+
+        print(describe_artifact(a.artifact))
+    return 0
+
+
+def cmd_targets(a) -> int:
+    from targets import TARGETS
+
+    for t in TARGETS.values():
+        print(f"{t.name:10s} {t.backend:5s} {t.summary}")
+    return 0
+
+
+def cmd_ops(a) -> int:
+    from converter.op_coverage import coverage_text
+
+    print(coverage_text())
+    return 0
+
+
+def cmd_demo(a) -> int:
+    from converter.demo import run_demo
+
+    return run_demo(out_dir=a.output, quiet=a.quiet, targets=a.target)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tpu-export", description="torch.export once -> TPU (StableHLO) and LiteRT artifacts",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert a model for one or more targets", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("model", help="a .pt2 file (torch.export.save) or package.module:factory returning (module, args)")
+    c.add_argument("--target", action="append", required=True, help="repeatable; see `tpu-export targets`")
+    c.add_argument("-o", "--output", required=True, help="output directory")
+    c.add_argument("--topology", help="TPU topology for AOT compiles, e.g. 2x2")
+    c.add_argument("--use-pallas", choices=["auto", "on", "off"])
+    c.add_argument("--dtype", choices=["float32", "bfloat16"])
+    c.add_argument("--quantize", metavar="SCHEME", help="dynamic_int8, weight_only_int8, weight_only_int4, fp16, static_int8")
+    c.add_argument("--calibration", metavar="FILE.npz", help="calibration inputs for static_int8 (first dim = sample)")
+    c.add_argument("--dynamic-batch", action="store_true", help="export dim 0 of every input as dynamic")
+    c.add_argument("--max-batch", type=int, default=1024)
+    c.add_argument("--channel-last", action="store_true", help="edge: NHWC image inputs/outputs")
+    c.add_argument("--strict", action="store_true", help="fail if any op falls back off the target's accelerator")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=cmd_convert)
+
+    r = sub.add_parser("run", help="run an artifact (.tflite or TPU artifact) on .npy inputs")
+    r.add_argument("artifact")
+    r.add_argument("--input", action="append", metavar="NAME=file.npy")
+    r.add_argument("--signature", default="serving_default")
+    r.add_argument("--save-outputs", metavar="FILE.npz")
+    r.set_defaults(fn=cmd_run)
+
+    i = sub.add_parser("inspect", help="signatures, op histogram, sizes, cost/memory report")
+    i.add_argument("artifact")
+    i.set_defaults(fn=cmd_inspect)
+
+    d = sub.add_parser("demo", help="convert the built-in CNN and transformer to both outputs and check them")
+    d.add_argument("-o", "--output", default="tpu-export-demo")
+    d.add_argument("--target", action="append", help="default: tpu-v6e and android")
+    d.add_argument("--quiet", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+
+    t = sub.add_parser("targets", help="list the deployment targets")
+    t.set_defaults(fn=cmd_targets)
+
+    o = sub.add_parser("ops", help="the core ATen op support table of both backends")
+    o.set_defaults(fn=cmd_ops)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except KeyboardInterrupt:
+        print("tpu-export: interrupted; nothing partial was left behind", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with TPU_EXPORT_DEBUG=1
+        if os.environ.get("TPU_EXPORT_DEBUG"):
+            raise
+        msg = str(e).strip() or type(e).__name__
+        first, _, rest = msg.partition("\n")
+        print(f"tpu-export: error: {first}", file=sys.stderr)
+        if rest and not isinstance(e, CliError):
+            print(rest, file=sys.stderr)
+        return 2 if isinstance(e, CliError) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
