@@ -1,0 +1,618 @@
+"""Backend-neutral table of single-op test rows (in the spirit of jax's lax_test and
+litert-torch's test_core_aten_ops).
+
+Each ``OpRow`` is a torch callable plus seeded arguments.  A backend's op test
+wraps a row with ``OpModule(row)``, exports it with ``torch.export`` using
+``row_inputs(row)`` as the example inputs, converts it, and compares its output
+with ``row.fn(*row.args, **row.kwargs)`` run eagerly:
+
+    err = max|got - want| / max(max|want|, 1e-6)   must be <= row.rtol (+ row.atol)
+
+Outputs whose dtype is not floating point (int / bool results, the indices of
+topk/sort, ...) are always compared exactly.  ``kind`` names the dtype of the
+(main) output: "float", "int" or "bool".
+
+Tensor arguments (positional or keyword) become inputs of the exported program,
+everything else is bound as a constant.  ``weights`` lists positional indices of
+tensors that are model parameters (conv/linear weights, norm affine params,
+running stats, embedding tables); ``OpModule(row, weights_as_params=True)``
+registers those as buffers of the module instead of taking them as inputs, which is
+how they appear in real models (constants a converter can fold / pre-pack).
+
+Inputs are chosen to keep every op well conditioned: log/sqrt/rsqrt/pow get
+positive inputs, divisors stay away from zero, argmax/argmin/sort/topk get values
+without ties (torch.randperm based), rounding ops avoid inputs near .5 except for
+a dedicated exact-half row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["OpRow", "ROWS", "OpModule", "row_inputs", "rows_by_id"]
+
+
+@dataclass
+class OpRow:
+    id: str  # unique, e.g. "conv2d_stride2_pad1"
+    fn: Callable  # torch callable, called as fn(*args, **kwargs)
+    args: tuple  # tensors (seeded) and python scalars/lists
+    kwargs: dict = field(default_factory=dict)
+    rtol: float = 1e-5  # relative error bound: max|a-b| / max(max|b|, 1e-6)
+    atol: float = 0.0
+    why: str = ""  # required when tolerance is looser than 1e-5
+    kind: str = "float"  # or "int", "bool"
+    weights: tuple = ()  # positional indices of args that are model parameters
+
+
+# --------------------------------------------------------------------------------------
+# wrapper used by the backends' op tests
+# --------------------------------------------------------------------------------------
+
+
+def _tensor_slots(row: OpRow):
+    """[(where, key)] of tensor arguments: ("a", i) for args[i], ("k", name) for kwargs."""
+    slots = [("a", i) for i, a in enumerate(row.args) if isinstance(a, torch.Tensor)]
+    slots += [("k", k) for k, v in row.kwargs.items() if isinstance(v, torch.Tensor)]
+    return slots
+
+
+def row_inputs(row: OpRow, weights_as_params: bool = False) -> tuple:
+    """The tensor arguments of ``row`` in call order (positional first, then keyword).
+
+    With ``weights_as_params=True`` the positional tensors listed in ``row.weights``
+    are left out (``OpModule(row, weights_as_params=True)`` holds them).
+    """
+    out = []
+    for where, key in _tensor_slots(row):
+        if weights_as_params and where == "a" and key in row.weights:
+            continue
+        out.append(row.args[key] if where == "a" else row.kwargs[key])
+    return tuple(out)
+
+
+class OpModule(nn.Module):
+    """nn.Module whose forward takes ``row_inputs(row)`` and returns ``row.fn(...)``.
+
+    Non-tensor arguments are bound as constants.  Tuple/list/namedtuple results
+    (split, topk, sort, ...) are returned as a plain tuple.
+    """
+
+    def __init__(self, row: OpRow, weights_as_params: bool = False):
+        super().__init__()
+        self.row_id = row.id
+        self._fn = row.fn
+        self._args = list(row.args)
+        self._kwargs = dict(row.kwargs)
+        self._slots = []
+        for where, key in _tensor_slots(row):
+            if weights_as_params and where == "a" and key in row.weights:
+                self.register_buffer(f"w{key}", row.args[key].clone())
+                self._args[key] = ("__buffer__", f"w{key}")
+            else:
+                self._slots.append((where, key))
+
+    def forward(self, *tensors):
+        assert len(tensors) == len(self._slots), (self.row_id, len(tensors), len(self._slots))
+        args = [getattr(self, a[1]) if isinstance(a, tuple) and a[:1] == ("__buffer__",) else a for a in self._args]
+        kwargs = dict(self._kwargs)
+        for (where, key), t in zip(self._slots, tensors):
+            if where == "a":
+                args[key] = t
+            else:
+                kwargs[key] = t
+        out = self._fn(*args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return tuple(out)
+        return out
+
+
+# --------------------------------------------------------------------------------------
+# seeded input helpers (one generator, consumed in table order)
+# --------------------------------------------------------------------------------------
+
+_G = torch.Generator().manual_seed(20240607)
+
+
+def r(*shape, scale=1.0):
+    """standard normal * scale"""
+    return torch.randn(shape, generator=_G) * scale
+
+
+def u(*shape, lo=-1.0, hi=1.0):
+    return lo + (hi - lo) * torch.rand(shape, generator=_G)
+
+
+def pos(*shape, lo=0.5, hi=2.0):
+    """positive, away from zero"""
+    return u(*shape, lo=lo, hi=hi)
+
+
+def nz(*shape, lo=0.5, hi=2.0):
+    """random sign, magnitude in [lo, hi] (safe divisor)"""
+    sign = torch.where(torch.rand(shape, generator=_G) < 0.5, -1.0, 1.0)
+    return sign * u(*shape, lo=lo, hi=hi)
+
+
+def distinct(*shape, scale=2.0):
+    """values without ties (a permutation of a uniform grid), in [-scale, scale)"""
+    n = math.prod(shape)
+    return (torch.randperm(n, generator=_G).to(torch.float32) / n * 2 - 1).reshape(shape) * scale
+
+
+def ints(*shape, lo=-20, hi=20, dtype=torch.int32):
+    return torch.randint(lo, hi, shape, generator=_G, dtype=dtype)
+
+
+def bools(*shape):
+    return torch.rand(shape, generator=_G) < 0.5
+
+
+def away_from_half(*shape, scale=3.0):
+    """values whose fractional part is in [0.1, 0.4] or [0.6, 0.9] (stable floor/ceil/round)"""
+    whole = torch.randint(-4, 4, shape, generator=_G).to(torch.float32)
+    frac = u(*shape, lo=0.1, hi=0.4) + 0.5 * (torch.rand(shape, generator=_G) < 0.5).to(torch.float32)
+    return whole + frac
+
+
+ROWS: list[OpRow] = []
+
+
+def row(id, fn, *args, kind="float", weights=(), rtol=1e-5, atol=0.0, why="", **kwargs):
+    ROWS.append(OpRow(id, fn, tuple(args), kwargs, rtol, atol, why, kind, tuple(weights)))
+
+
+# --------------------------------------------------------------------------------------
+# elementwise binary arithmetic
+# --------------------------------------------------------------------------------------
+
+X = (2, 3, 8, 8)
+row("add", torch.add, r(*X), r(*X))
+row("add_bcast_last", torch.add, r(2, 3, 4), r(4))
+row("add_bcast_mid", torch.add, r(2, 1, 4), r(1, 3, 1))
+row("add_scalar", lambda x: x + 1.5, r(*X))
+row("add_alpha", torch.add, r(3, 4), r(3, 4), alpha=2.0)
+row("add_0d_tensor", torch.add, r(3, 4), r())
+row("sub", torch.sub, r(*X), r(*X))
+row("sub_bcast", torch.sub, r(2, 3, 4), r(3, 1))
+row("sub_scalar", lambda x: x - 0.75, r(3, 4))
+row("rsub_scalar", lambda x: 1.0 - x, r(3, 4))
+row("mul", torch.mul, r(*X), r(*X))
+row("mul_bcast_channel", torch.mul, r(*X), r(1, 3, 1, 1))
+row("mul_scalar", lambda x: x * -2.5, r(3, 4))
+row("div", torch.div, r(*X), nz(*X))
+row("div_bcast", torch.div, r(2, 3, 4), nz(4))
+row("div_scalar", lambda x: x / 3.0, r(3, 4))
+row("rdiv_scalar", lambda x: 2.0 / x, nz(3, 4))
+row("neg", torch.neg, r(*X))
+row("abs", torch.abs, r(*X))
+row("maximum", torch.maximum, r(*X), r(*X))
+row("maximum_bcast", torch.maximum, r(2, 3, 4), r(4))
+row("minimum", torch.minimum, r(*X), r(*X))
+row("minimum_bcast", torch.minimum, r(2, 1, 4), r(3, 1))
+
+# --------------------------------------------------------------------------------------
+# elementwise unary math
+# --------------------------------------------------------------------------------------
+
+row("exp", torch.exp, r(*X))
+row("log", torch.log, pos(*X, lo=0.1, hi=10.0))
+row("sqrt", torch.sqrt, pos(*X, lo=0.1, hi=10.0))
+row("rsqrt", torch.rsqrt, pos(*X, lo=0.1, hi=10.0))
+row("reciprocal", torch.reciprocal, nz(*X))
+row("pow_2", lambda x: x.pow(2), r(*X))
+row("pow_0p5", lambda x: torch.pow(x, 0.5), pos(*X))
+row("pow_3", lambda x: x**3, r(3, 4))
+row("pow_neg1", lambda x: x**-1.0, pos(3, 4))
+row("pow_tensor", torch.pow, pos(3, 4), u(3, 4, lo=-2.0, hi=2.0))
+row("pow_scalar_base", lambda x: torch.pow(2.0, x), u(3, 4, lo=-3.0, hi=3.0))
+row("erf", torch.erf, r(*X, scale=1.5))
+row("sin", torch.sin, u(*X, lo=-4.0, hi=4.0))
+row("cos", torch.cos, u(*X, lo=-4.0, hi=4.0))
+row("floor", torch.floor, away_from_half(*X))
+row("ceil", torch.ceil, away_from_half(*X))
+row("round", torch.round, away_from_half(*X))
+row("round_half_even", torch.round, torch.tensor([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 3.5, -3.5]))
+row("sign", torch.sign, torch.cat([r(20), torch.zeros(4)]))
+row("clamp_minmax", torch.clamp, r(*X), min=-0.5, max=0.5)
+row("clamp_min", torch.clamp, r(*X), min=0.1)
+row("clamp_max", lambda x: x.clamp(max=-0.2), r(3, 4))
+row("clamp_tensor", torch.clamp, r(3, 4), u(3, 4, lo=-1.0, hi=-0.3), u(3, 4, lo=0.3, hi=1.0))
+
+# --------------------------------------------------------------------------------------
+# activations
+# --------------------------------------------------------------------------------------
+
+A = r(*X, scale=3.0)  # activations: span the interesting -6..6 range
+row("relu", F.relu, A)
+row("relu6", F.relu6, r(*X, scale=4.0))
+row("leaky_relu", F.leaky_relu, r(*X))
+row("leaky_relu_0p2", F.leaky_relu, r(*X), 0.2)
+row("elu", F.elu, r(*X, scale=2.0))
+row("sigmoid", torch.sigmoid, r(*X, scale=3.0))
+row("tanh", torch.tanh, r(*X, scale=2.0))
+row("gelu", F.gelu, r(*X, scale=2.0))
+row("gelu_tanh", F.gelu, r(*X, scale=2.0), approximate="tanh")
+row("silu", F.silu, r(*X, scale=3.0))
+row("hardswish", F.hardswish, r(*X, scale=3.0))
+row("hardsigmoid", F.hardsigmoid, r(*X, scale=3.0))
+row("hardtanh", F.hardtanh, r(*X, scale=2.0))
+row("hardtanh_m2_2", F.hardtanh, r(*X, scale=3.0), -2.0, 2.0)
+row("softmax_last", F.softmax, r(*X, scale=2.0), dim=-1)
+row("softmax_dim1", F.softmax, r(*X, scale=2.0), dim=1)
+row("log_softmax_last", F.log_softmax, r(*X, scale=2.0), dim=-1)
+row("log_softmax_dim1", F.log_softmax, r(*X, scale=2.0), dim=1)
+
+# --------------------------------------------------------------------------------------
+# comparisons, logic, where
+# --------------------------------------------------------------------------------------
+
+_cmp_a = ints(4, 6, lo=-3, hi=3).to(torch.float32)  # small ints: plenty of equal pairs
+_cmp_b = ints(4, 6, lo=-3, hi=3).to(torch.float32)
+for _name, _op in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt), ("ge", torch.ge)]:
+    row(f"{_name}", _op, _cmp_a, _cmp_b, kind="bool")
+row("gt_scalar", lambda x: x > 0.0, r(*X), kind="bool")
+row("le_scalar", lambda x: x <= 0.5, r(3, 4), kind="bool")
+row("eq_scalar", lambda x: x == 1.0, _cmp_a, kind="bool")
+row("lt_bcast", torch.lt, r(2, 3, 4), r(4), kind="bool")
+row("eq_int", torch.eq, ints(4, 6, lo=-2, hi=2), ints(4, 6, lo=-2, hi=2), kind="bool")
+row("logical_and", torch.logical_and, bools(4, 6), bools(4, 6), kind="bool")
+row("logical_or", torch.logical_or, bools(4, 6), bools(4, 6), kind="bool")
+row("logical_xor", torch.logical_xor, bools(4, 6), bools(4, 6), kind="bool")
+row("logical_not", torch.logical_not, bools(4, 6), kind="bool")
+row("where", torch.where, bools(*X), r(*X), r(*X))
+row("where_bcast", torch.where, bools(1, 3, 1, 8), r(*X), r(1, 1, 8, 8))
+row("where_scalar", lambda c, x: torch.where(c, x, 0.0), bools(3, 4), r(3, 4))
+row("where_from_cmp", lambda x: torch.where(x > 0, x, x * 0.1), r(*X))
+row("masked_fill", lambda x, m: x.masked_fill(m, -1e4), r(2, 4, 8, 8), bools(2, 1, 8, 8))
+row("masked_fill_zero", lambda x, m: x.masked_fill(m, 0.0), r(3, 4), bools(3, 4))
+
+# --------------------------------------------------------------------------------------
+# reductions
+# --------------------------------------------------------------------------------------
+
+for _name, _op in [("sum", torch.sum), ("mean", torch.mean), ("amax", torch.amax), ("amin", torch.amin)]:
+    row(f"{_name}_last", _op, r(*X), dim=-1)
+    row(f"{_name}_last_keepdim", _op, r(*X), dim=-1, keepdim=True)
+    row(f"{_name}_dim1", _op, r(*X), dim=1)
+    row(f"{_name}_hw_keepdim", _op, r(*X), dim=(-2, -1), keepdim=True)
+row("sum_all", torch.sum, r(*X))
+row("mean_all", lambda x: x.mean(), r(*X))
+row("sum_neg_dims", torch.sum, r(*X), dim=(-3, -1))
+row("prod_dim1", torch.prod, pos(2, 5, 4, lo=0.7, hi=1.4), dim=1)
+row("prod_last_keepdim", torch.prod, pos(2, 5, 4, lo=0.7, hi=1.4), dim=-1, keepdim=True)
+row("argmax_last", torch.argmax, distinct(*X), dim=-1, kind="int")
+row("argmax_dim1_keepdim", torch.argmax, distinct(*X), dim=1, keepdim=True, kind="int")
+row("argmin_last", torch.argmin, distinct(*X), dim=-1, kind="int")
+row("argmin_neg2_keepdim", torch.argmin, distinct(*X), dim=-2, keepdim=True, kind="int")
+row("cumsum_dim1", torch.cumsum, r(2, 6, 5), dim=1)
+row("cumsum_last", torch.cumsum, r(2, 6, 5), dim=-1)
+row("var_c0", torch.var, r(*X), dim=-1, correction=0)
+row("var_c1_keepdim", torch.var, r(*X), dim=(2, 3), correction=1, keepdim=True)
+row("std_c0", torch.std, r(*X), dim=1, correction=0)
+row("std_c1", torch.std, r(*X), dim=-1, correction=1)
+row("var_all", lambda x: x.var(), r(4, 6))
+row("std_all_c0", lambda x: x.std(correction=0), r(4, 6))
+row("norm_l2", lambda x: torch.linalg.vector_norm(x, dim=-1), r(3, 8))
+
+# --------------------------------------------------------------------------------------
+# matmul family
+# --------------------------------------------------------------------------------------
+
+row("matmul_2d", torch.matmul, r(4, 8), r(8, 5))
+row("matmul_3d", torch.matmul, r(2, 4, 8), r(2, 8, 5))
+row("matmul_4d", torch.matmul, r(2, 3, 4, 8), r(2, 3, 8, 5))
+row("matmul_bcast_rhs2d", torch.matmul, r(2, 3, 4, 8), r(8, 5))
+row("matmul_bcast_batch", torch.matmul, r(2, 1, 4, 8), r(3, 8, 5))
+row("matmul_mv", torch.matmul, r(4, 8), r(8))
+row("matmul_vm", torch.matmul, r(8), r(8, 5))
+row("matmul_transposed_rhs", lambda a, b: a @ b.transpose(-1, -2), r(2, 4, 8), r(2, 6, 8))
+row("bmm", torch.bmm, r(3, 4, 8), r(3, 8, 5))
+row("mm", torch.mm, r(4, 8), r(8, 5))
+row("linear_bias", F.linear, r(4, 16), r(8, 16), r(8), weights=(1, 2))
+row("linear_nobias", F.linear, r(4, 16), r(8, 16), weights=(1,))
+row("linear_3d_bias", F.linear, r(2, 5, 16), r(8, 16), r(8), weights=(1, 2))
+row("linear_3d_nobias", F.linear, r(2, 5, 16), r(8, 16), weights=(1,))
+row("linear_4d", F.linear, r(2, 3, 4, 16), r(8, 16), r(8), weights=(1, 2))
+row("einsum_bmm", lambda a, b: torch.einsum("bij,bjk->bik", a, b), r(2, 4, 8), r(2, 8, 5))
+row("einsum_attn", lambda q, k: torch.einsum("bhqd,bhkd->bhqk", q, k), r(2, 3, 5, 8), r(2, 3, 6, 8))
+row("einsum_outer", lambda a, b: torch.einsum("i,j->ij", a, b), r(5), r(7))
+row("einsum_rowdot", lambda a, b: torch.einsum("bi,bi->b", a, b), r(4, 8), r(4, 8))
+
+# --------------------------------------------------------------------------------------
+# convolutions
+# --------------------------------------------------------------------------------------
+
+row("conv1d", F.conv1d, r(2, 4, 16), r(6, 4, 3), r(6), padding=1, weights=(1, 2))
+row("conv1d_stride2", F.conv1d, r(2, 4, 16), r(6, 4, 3), r(6), stride=2, weights=(1, 2))
+row("conv1d_dilation2_nobias", F.conv1d, r(2, 4, 16), r(6, 4, 3), None, padding=2, dilation=2, weights=(1,))
+row("conv1d_groups2", F.conv1d, r(2, 4, 16), r(6, 2, 3), r(6), padding=1, groups=2, weights=(1, 2))
+row("conv1d_same", F.conv1d, r(2, 4, 16), r(6, 4, 4), r(6), padding="same", weights=(1, 2))
+row("conv2d", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), padding=1, weights=(1, 2))
+row("conv2d_valid", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), weights=(1, 2))
+row("conv2d_stride2_pad1", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), stride=2, padding=1, weights=(1, 2))
+row("conv2d_stride2_k2", F.conv2d, r(*X), r(4, 3, 2, 2), r(4), stride=2, weights=(1, 2))
+row("conv2d_same_k3", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), padding="same", weights=(1, 2))
+row("conv2d_same_k4", F.conv2d, r(*X), r(4, 3, 4, 4), r(4), padding="same", weights=(1, 2))
+row("conv2d_padding_valid_str", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), padding="valid", weights=(1, 2))
+row("conv2d_dilation2", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), padding=2, dilation=2, weights=(1, 2))
+row("conv2d_groups2", F.conv2d, r(2, 4, 8, 8), r(6, 2, 3, 3), r(6), padding=1, groups=2, weights=(1, 2))
+row("conv2d_depthwise", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), padding=1, groups=4, weights=(1, 2))
+row("conv2d_depthwise_mult2", F.conv2d, r(2, 4, 8, 8), r(8, 1, 3, 3), r(8), padding=1, groups=4, weights=(1, 2))
+row("conv2d_depthwise_stride2", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), stride=2, padding=1, groups=4, weights=(1, 2))
+row("conv2d_depthwise_k7", F.conv2d, r(2, 4, 8, 8), r(4, 1, 7, 7), r(4), padding=3, groups=4, weights=(1, 2))
+row("conv2d_nobias", F.conv2d, r(*X), r(4, 3, 3, 3), padding=1, weights=(1,))
+row("conv2d_1x1", F.conv2d, r(*X), r(5, 3, 1, 1), r(5), weights=(1, 2))
+row("conv2d_asym_kernel", F.conv2d, r(*X), r(4, 3, 3, 5), r(4), padding=(1, 2), weights=(1, 2))
+row("conv2d_asym_stride", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), stride=(2, 1), padding=1, weights=(1, 2))
+row("conv2d_patchify", F.conv2d, r(2, 3, 16, 16), r(8, 3, 4, 4), r(8), stride=4, weights=(1, 2))
+row("conv_transpose2d_s2_k4_p1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 4, 4), r(3), stride=2, padding=1, weights=(1, 2))
+row("conv_transpose2d_s2_outpad1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(3), stride=2, padding=1, output_padding=1, weights=(1, 2))
+row("conv_transpose2d_s2_k2", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 6, 2, 2), r(6), stride=2, weights=(1, 2))
+row("conv_transpose2d_groups2", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(6), stride=2, padding=1, groups=2, weights=(1, 2))
+row("conv_transpose2d_nobias", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), stride=1, padding=1, weights=(1,))
+row("conv_transpose1d_s2", F.conv_transpose1d, r(2, 4, 7), r(4, 3, 4), r(3), stride=2, padding=1, weights=(1, 2))
+
+# --------------------------------------------------------------------------------------
+# pooling, resampling
+# --------------------------------------------------------------------------------------
+
+row("max_pool2d_k2", F.max_pool2d, distinct(*X), 2)
+row("max_pool2d_k3_s2_p1", F.max_pool2d, distinct(*X), 3, stride=2, padding=1)
+row("max_pool2d_k3_s2_ceil", F.max_pool2d, distinct(*X), 3, stride=2, ceil_mode=True)
+row("max_pool2d_k3_s1_p1", F.max_pool2d, distinct(*X), 3, stride=1, padding=1)
+row("max_pool2d_k3_s2_p1_ceil_odd", F.max_pool2d, distinct(2, 3, 9, 9), 3, stride=2, padding=1, ceil_mode=True)
+row("avg_pool2d_k2", F.avg_pool2d, r(*X), 2)
+row("avg_pool2d_k3_s2_p1_incl", F.avg_pool2d, r(*X), 3, stride=2, padding=1, count_include_pad=True)
+row("avg_pool2d_k3_s2_p1_excl", F.avg_pool2d, r(*X), 3, stride=2, padding=1, count_include_pad=False)
+row("avg_pool2d_k3_s1_p1_excl", F.avg_pool2d, r(*X), 3, stride=1, padding=1, count_include_pad=False)
+row("avg_pool2d_k3_s2_ceil", F.avg_pool2d, r(*X), 3, stride=2, ceil_mode=True)
+row("avg_pool1d_k2", F.avg_pool1d, r(2, 4, 10), 2)
+row("adaptive_avg_pool2d_1", F.adaptive_avg_pool2d, r(*X), 1)
+row("adaptive_avg_pool2d_4", F.adaptive_avg_pool2d, r(*X), 4)
+row("adaptive_avg_pool2d_2x4", F.adaptive_avg_pool2d, r(*X), (2, 4))
+row("adaptive_avg_pool1d_1", F.adaptive_avg_pool1d, r(2, 6, 10), 1)
+row("interp_nearest_x2", F.interpolate, r(2, 3, 5, 6), scale_factor=2, mode="nearest")
+row("interp_nearest_size", F.interpolate, r(2, 3, 5, 6), size=(10, 18), mode="nearest")
+row("interp_nearest_down", F.interpolate, r(*X), size=(4, 4), mode="nearest")
+row("interp_bilinear_x2", F.interpolate, r(2, 3, 5, 6), scale_factor=2, mode="bilinear", align_corners=False)
+row("interp_bilinear_x2_ac", F.interpolate, r(2, 3, 5, 6), scale_factor=2, mode="bilinear", align_corners=True)
+row("interp_bilinear_size", F.interpolate, r(2, 3, 5, 6), size=(13, 11), mode="bilinear", align_corners=False)
+row("interp_bilinear_size_ac", F.interpolate, r(2, 3, 5, 6), size=(13, 11), mode="bilinear", align_corners=True)
+row("interp_bilinear_down", F.interpolate, r(*X), size=(5, 3), mode="bilinear", align_corners=False)
+row("interp_bilinear_from1x1", F.interpolate, r(2, 3, 1, 1), size=(4, 4), mode="bilinear", align_corners=False)
+row("pixel_shuffle", F.pixel_shuffle, r(2, 8, 4, 5), 2)
+row("pixel_unshuffle", F.pixel_unshuffle, r(2, 2, 8, 6), 2)
+
+# --------------------------------------------------------------------------------------
+# normalisation, embedding
+# --------------------------------------------------------------------------------------
+
+row("layer_norm_affine", F.layer_norm, r(2, 5, 16), (16,), 1 + 0.2 * r(16), 0.1 * r(16), weights=(2, 3))
+row("layer_norm_noaffine", F.layer_norm, r(2, 5, 16), (16,))
+row("layer_norm_2d_shape", F.layer_norm, r(2, 5, 4, 6), (4, 6), 1 + 0.2 * r(4, 6), 0.1 * r(4, 6), eps=1e-6, weights=(2, 3))
+row("layer_norm_offset", F.layer_norm, r(2, 5, 16) * 3 + 5, (16,), 1 + 0.2 * r(16), 0.1 * r(16), weights=(2, 3))
+row("group_norm_g2", F.group_norm, r(2, 4, 6, 6), 2, 1 + 0.2 * r(4), 0.1 * r(4), weights=(2, 3))
+row("group_norm_g1_noaffine", F.group_norm, r(2, 4, 6, 6), 1)
+row("group_norm_per_channel", F.group_norm, r(2, 4, 6, 6), 4, 1 + 0.2 * r(4), 0.1 * r(4), weights=(2, 3))
+row(
+    "batch_norm_eval",
+    F.batch_norm,
+    r(*X),
+    0.3 * r(3),
+    pos(3),
+    1 + 0.2 * r(3),
+    0.1 * r(3),
+    training=False,
+    eps=1e-5,
+    weights=(1, 2, 3, 4),
+)
+row("batch_norm_eval_noaffine", F.batch_norm, r(2, 3, 5), 0.3 * r(3), pos(3), training=False, weights=(1, 2))
+row("embedding_i64", F.embedding, ints(2, 5, lo=0, hi=20, dtype=torch.int64), r(20, 8), weights=(1,))
+row("embedding_i32", F.embedding, ints(2, 5, lo=0, hi=20, dtype=torch.int32), r(20, 8), weights=(1,))
+row("embedding_1d", F.embedding, ints(7, lo=0, hi=20, dtype=torch.int64), r(20, 8), weights=(1,))
+
+# --------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------
+
+SDPA = F.scaled_dot_product_attention
+row("sdpa", SDPA, r(2, 4, 8, 16), r(2, 4, 8, 16), r(2, 4, 8, 16))
+row("sdpa_causal", SDPA, r(2, 4, 8, 16), r(2, 4, 8, 16), r(2, 4, 8, 16), is_causal=True)
+row("sdpa_float_mask", SDPA, r(2, 4, 8, 16), r(2, 4, 8, 16), r(2, 4, 8, 16), attn_mask=r(8, 8))
+row(
+    "sdpa_float_mask_bcast",
+    SDPA,
+    r(2, 4, 8, 16),
+    r(2, 4, 8, 16),
+    r(2, 4, 8, 16),
+    attn_mask=torch.where(bools(2, 1, 1, 8), -1e4, 0.0).expand(2, 1, 8, 8).contiguous(),
+)
+_bmask = bools(8, 8)
+_bmask[:, 0] = True  # no fully masked rows
+row("sdpa_bool_mask", SDPA, r(2, 4, 8, 16), r(2, 4, 8, 16), r(2, 4, 8, 16), attn_mask=_bmask)
+row("sdpa_scale", SDPA, r(2, 4, 8, 16), r(2, 4, 8, 16), r(2, 4, 8, 16), scale=0.5)
+row("sdpa_cross_len", SDPA, r(2, 4, 8, 16), r(2, 4, 12, 16), r(2, 4, 12, 16))
+row("sdpa_3d", SDPA, r(4, 8, 16), r(4, 8, 16), r(4, 8, 16))
+row("sdpa_gqa", SDPA, r(2, 4, 8, 16), r(2, 2, 8, 16), r(2, 2, 8, 16), enable_gqa=True)
+row("sdpa_gqa_causal", SDPA, r(2, 4, 8, 16), r(2, 1, 8, 16), r(2, 1, 8, 16), is_causal=True, enable_gqa=True)
+
+# --------------------------------------------------------------------------------------
+# shape / layout
+# --------------------------------------------------------------------------------------
+
+row("reshape", lambda x: x.reshape(2, 3, 64), r(*X))
+row("reshape_infer", lambda x: x.reshape(-1, 8), r(*X))
+row("view", lambda x: x.view(6, 8, 8), r(*X))
+row("view_split_heads", lambda x: x.view(2, 5, 4, 4).transpose(1, 2), r(2, 5, 16))
+row("flatten_1", lambda x: torch.flatten(x, 1), r(*X))
+row("flatten_1_2", lambda x: x.flatten(1, 2), r(*X))
+row("flatten_all", torch.flatten, r(*X))
+row("permute_nhwc", lambda x: x.permute(0, 2, 3, 1), r(*X))
+row("permute_5d", lambda x: x.permute(2, 0, 3, 1, 4), r(2, 3, 4, 5, 6))
+row("transpose", lambda x: x.transpose(1, 2), r(*X))
+row("transpose_neg", lambda x: x.transpose(-1, -3), r(*X))
+row("t_2d", torch.t, r(4, 7))
+row("unsqueeze_0", lambda x: x.unsqueeze(0), r(3, 4))
+row("unsqueeze_neg1", lambda x: x.unsqueeze(-1), r(3, 4))
+row("squeeze_dim", lambda x: x.squeeze(1), r(3, 1, 4))
+row("squeeze_all", torch.squeeze, r(1, 3, 1, 4))
+row("squeeze_neg", lambda x: x.squeeze(-1), r(3, 4, 1))
+row("expand", lambda x: x.expand(2, 3, 4), r(1, 3, 1))
+row("expand_neg1", lambda x: x.expand(5, -1, -1), r(1, 3, 4))
+row("expand_new_dim", lambda x: x.expand(2, 3, 4), r(3, 4))
+row("repeat", lambda x: x.repeat(2, 1, 3), r(2, 3, 4))
+row("repeat_new_dim", lambda x: x.repeat(2, 1, 1), r(3, 4))
+row("repeat_interleave", lambda x: x.repeat_interleave(2, dim=1), r(2, 3, 4))
+row("cat_dim1", lambda a, b: torch.cat([a, b], dim=1), r(2, 3, 4), r(2, 5, 4))
+row("cat_neg1", lambda a, b, c: torch.cat([a, b, c], dim=-1), r(2, 3, 4), r(2, 3, 1), r(2, 3, 2))
+row("cat_dim0", lambda a, b: torch.cat((a, b)), r(2, 3), r(1, 3))
+row("stack_0", lambda a, b: torch.stack([a, b]), r(3, 4), r(3, 4))
+row("stack_neg1", lambda a, b, c: torch.stack([a, b, c], dim=-1), r(3, 4), r(3, 4), r(3, 4))
+row("split_size", lambda x: torch.split(x, 2, dim=1), r(2, 6, 4))
+row("split_uneven", lambda x: torch.split(x, 4, dim=-1), r(2, 3, 10))
+row("split_sizes", lambda x: torch.split(x, [1, 2, 3], dim=1), r(2, 6, 4))
+row("chunk_2", lambda x: x.chunk(2, dim=1), r(2, 6, 4))
+row("chunk_3_neg", lambda x: torch.chunk(x, 3, dim=-1), r(2, 3, 9))
+row("unbind_0", lambda x: torch.unbind(x, 0), r(3, 4, 5))
+row("slice_step", lambda x: x[:, 1:-1:2], r(2, 9, 4))
+row("slice_last_step", lambda x: x[..., ::2], r(2, 3, 8))
+row("slice_neg_start", lambda x: x[:, -3:], r(2, 8, 4))
+row("slice_2d", lambda x: x[:, :, 1:5, 2:7], r(*X))
+row("slice_odd_even", lambda x: x[:, 1::2, 0::2], r(2, 8, 8, 3))
+row("narrow", lambda x: x.narrow(2, 1, 3), r(2, 3, 8))
+row("select_0", lambda x: x[:, 0], r(2, 5, 4))
+row("select_neg1", lambda x: x[:, -1], r(2, 5, 4))
+row("select_last_dim", lambda x: x[..., 2], r(2, 5, 4))
+row("index_select", torch.index_select, r(5, 6), 1, torch.tensor([4, 0, 2, 2], dtype=torch.int64))
+row("index_select_dim0", torch.index_select, r(5, 6), 0, torch.tensor([3, 1], dtype=torch.int64))
+row("index_tensor", lambda x, i: x[i], r(6, 4), torch.tensor([5, 0, 3, 3], dtype=torch.int64))
+row("gather_dim1", torch.gather, r(3, 5), 1, ints(3, 4, lo=0, hi=5, dtype=torch.int64))
+row("gather_last", torch.gather, r(2, 3, 6), -1, ints(2, 3, 2, lo=0, hi=6, dtype=torch.int64))
+row("take_along_dim", lambda x, i: torch.take_along_dim(x, i, dim=1), r(3, 5), ints(3, 2, lo=0, hi=5, dtype=torch.int64))
+row("roll_1", lambda x: torch.roll(x, 1, 1), r(2, 5, 4))
+row("roll_2d", lambda x: torch.roll(x, shifts=(2, -1), dims=(2, 3)), r(*X))
+row("roll_flat", lambda x: torch.roll(x, 3), r(3, 4))
+row("flip_last", lambda x: torch.flip(x, [-1]), r(*X))
+row("flip_hw", lambda x: torch.flip(x, [2, 3]), r(*X))
+row("pad_constant", F.pad, r(*X), [1, 1, 2, 0])
+row("pad_constant_value", F.pad, r(2, 3, 5), [2, 3], value=0.5)
+row("pad_reflect", F.pad, r(2, 3, 5, 6), [1, 2, 2, 1], mode="reflect")
+row("pad_replicate", F.pad, r(2, 3, 5, 6), [2, 1, 1, 2], mode="replicate")
+row("pad_reflect_1d", F.pad, r(2, 3, 7), [2, 2], mode="reflect")
+row("pad_channels", F.pad, r(2, 3, 4, 4), [0, 0, 0, 0, 1, 2])
+row("tril", torch.tril, r(6, 6))
+row("tril_neg1", torch.tril, r(2, 5, 7), -1)
+row("triu", torch.triu, r(6, 6))
+row("triu_1", torch.triu, r(2, 5, 7), 1)
+row("clone", torch.clone, r(*X))
+row("contiguous", lambda x: x.transpose(1, 2).contiguous(), r(2, 3, 4))
+row("arange_add", lambda x: x + torch.arange(x.shape[-1]), r(3, 8))
+row("arange_float_mul", lambda x: x * torch.arange(x.shape[1], dtype=torch.float32)[:, None], r(2, 5, 3))
+row("arange_step", lambda x: x + torch.arange(0, 2 * x.shape[-1], 2), r(3, 6))
+row("arange_mask", lambda x: x.masked_fill(torch.arange(x.shape[-1]) >= 5, 0.0), r(3, 8))
+row("full_like", lambda x: torch.full_like(x, 2.5), r(3, 4))
+row("zeros_like_add", lambda x: x + torch.zeros_like(x), r(3, 4))
+row("ones_like_sub", lambda x: torch.ones_like(x) - x, r(3, 4))
+row("new_full", lambda x: x.new_full((2, 3), 1.5), r(3, 4))
+
+# --------------------------------------------------------------------------------------
+# casts
+# --------------------------------------------------------------------------------------
+
+row("to_int32", lambda x: x.to(torch.int32), away_from_half(4, 6), kind="int")
+row("to_int64", lambda x: x.to(torch.int64), away_from_half(4, 6), kind="int")
+row("float_to_bool", lambda x: x.to(torch.bool), torch.where(bools(4, 6), 0.0, r(4, 6)), kind="bool")
+row("bool_to_float", lambda x: x.to(torch.float32), bools(4, 6))
+row("bool_to_int", lambda x: x.to(torch.int32), bools(4, 6), kind="int")
+row("int_to_float", lambda x: x.float(), ints(4, 6))
+row("int64_to_int32", lambda x: x.to(torch.int32), ints(4, 6, dtype=torch.int64), kind="int")
+row("int32_to_int64", lambda x: x.long(), ints(4, 6), kind="int")
+row("bool_mask_mul", lambda x, m: x * m.to(x.dtype), r(3, 4), bools(3, 4))
+row("type_as", lambda x, y: x.type_as(y), ints(3, 4), r(3, 4))
+
+# --------------------------------------------------------------------------------------
+# sorting / selection
+# --------------------------------------------------------------------------------------
+
+row("topk_3", lambda x: torch.topk(x, 3), distinct(4, 10))
+row("topk_smallest_dim1", lambda x: torch.topk(x, 2, dim=1, largest=False), distinct(2, 6, 5))
+row("topk_values", lambda x: torch.topk(x, 4).values, distinct(3, 9))
+row("topk_indices", lambda x: torch.topk(x, 4).indices, distinct(3, 9), kind="int")
+row("sort_last", lambda x: torch.sort(x), distinct(4, 10))
+row("sort_desc_dim0", lambda x: torch.sort(x, dim=0, descending=True), distinct(6, 3))
+row("argsort", lambda x: torch.argsort(x, dim=-1), distinct(4, 10), kind="int")
+
+# --------------------------------------------------------------------------------------
+# integer arithmetic
+# --------------------------------------------------------------------------------------
+
+_ia, _ib = ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=-50, hi=50)
+row("int_add", torch.add, _ia, _ib, kind="int")
+row("int_sub", torch.sub, ints(4, 6), ints(4, 6), kind="int")
+row("int_mul", torch.mul, ints(4, 6), ints(4, 6), kind="int")
+row("int_add_scalar", lambda x: x + 3, ints(4, 6), kind="int")
+row("int_mul_scalar", lambda x: x * -2, ints(4, 6), kind="int")
+row("int64_add", torch.add, ints(4, 6, dtype=torch.int64), ints(4, 6, dtype=torch.int64), kind="int")
+row("int_neg", torch.neg, ints(4, 6), kind="int")
+row("int_abs", torch.abs, ints(4, 6), kind="int")
+row("int_maximum", torch.maximum, ints(4, 6), ints(4, 6), kind="int")
+row("int_minimum", torch.minimum, ints(4, 6), ints(4, 6), kind="int")
+row("int_clamp", lambda x: x.clamp(-5, 5), ints(4, 6), kind="int")
+row("int_sum", lambda x: x.sum(dim=1), ints(4, 6), kind="int")
+row("int_cumsum", lambda x: torch.cumsum(x, dim=-1), ints(4, 6), kind="int")
+row("int_where", torch.where, bools(4, 6), ints(4, 6), ints(4, 6), kind="int")
+row("int_floor_divide", torch.floor_divide, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("int_floor_divide_scalar", lambda x: x // 4, ints(4, 6, lo=-50, hi=50), kind="int")
+row("int_remainder", torch.remainder, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("int_remainder_scalar", lambda x: x % 5, ints(4, 6, lo=-50, hi=50), kind="int")
+row("int_fmod", torch.fmod, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("bitwise_and", torch.bitwise_and, ints(4, 6, lo=0, hi=256), ints(4, 6, lo=0, hi=256), kind="int")
+row("bitwise_or", torch.bitwise_or, ints(4, 6, lo=0, hi=256), ints(4, 6, lo=-256, hi=256), kind="int")
+row("bitwise_xor", torch.bitwise_xor, ints(4, 6, lo=-256, hi=256), ints(4, 6, lo=0, hi=256), kind="int")
+row("bitwise_not", torch.bitwise_not, ints(4, 6, lo=-256, hi=256), kind="int")
+row("bitwise_and_scalar", lambda x: x & 7, ints(4, 6, lo=0, hi=256), kind="int")
+row("bitwise_left_shift", torch.bitwise_left_shift, ints(4, 6, lo=0, hi=256), ints(4, 6, lo=0, hi=8), kind="int")
+row("bitwise_right_shift", torch.bitwise_right_shift, ints(4, 6, lo=-256, hi=256), ints(4, 6, lo=0, hi=8), kind="int")
+row("bool_bitwise_and", torch.bitwise_and, bools(4, 6), bools(4, 6), kind="bool")
+
+# float remainder / fmod / floor_divide (sign conventions differ: remainder follows the
+# divisor, fmod the dividend); x = q * y with q away from integers keeps x / y clear of
+# the discontinuities.
+_fy = nz(4, 6, lo=0.7, hi=1.3)
+_fx = away_from_half(4, 6) * _fy
+row("remainder", torch.remainder, _fx * 1.0, _fy * 1.0)
+row("remainder_scalar", lambda x: torch.remainder(x, 1.5), away_from_half(4, 6) * 1.5)
+row("fmod", torch.fmod, _fx * 1.0, _fy * 1.0)
+row("fmod_scalar", lambda x: torch.fmod(x, 1.5), away_from_half(4, 6) * 1.5)
+row("floor_divide", torch.floor_divide, _fx * 1.0, _fy * 1.0)
+row("div_floor_mode", lambda a, b: torch.div(a, b, rounding_mode="floor"), _fx * 1.0, _fy * 1.0)
+row("div_trunc_mode", lambda a, b: torch.div(a, b, rounding_mode="trunc"), _fx * 1.0, _fy * 1.0)
+
+
+# --------------------------------------------------------------------------------------
+
+
+def rows_by_id() -> dict[str, OpRow]:
+    return {rw.id: rw for rw in ROWS}
+
+
+def _check_table():
+    ids = [rw.id for rw in ROWS]
+    dup = {i for i in ids if ids.count(i) > 1}
+    assert not dup, f"duplicate op row ids: {sorted(dup)}"
+    for rw in ROWS:
+        assert rw.kind in ("float", "int", "bool"), rw.id
+        if rw.rtol > 1e-5 or rw.atol > 0:
+            assert rw.why, f"{rw.id}: tolerance looser than 1e-5 needs a why"
+        for i in rw.weights:
+            assert isinstance(rw.args[i], torch.Tensor), (rw.id, i)
+
+
+_check_table()
