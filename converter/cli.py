@@ -155,7 +155,7 @@ def cmd_targets(a) -> int:
 
 
 def cmd_ops(a) -> int:
-    from converter.op_coverage import coverage_text
+    from targets.op_support import coverage_text
 
     print(coverage_text())
     return 0

@@ -1,0 +1,38 @@
+"""One conversion in a fresh process (ours or the peer's), so time and peak RSS are its own.
+
+Usage: python bench/_edge_worker.py {ours|peer} MODEL OUT.tflite  -> prints one JSON line.
+Runs under the project venv (ours) or the peer's venv (Google's litert-torch, same module name).
+"""
+
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    impl, name, out = sys.argv[1:4]
+    t_start = time.perf_counter()
+    import torch
+    import litert_torch  # ours or Google's, by venv
+
+    from tests.zoo import build
+
+    module, args = build(name)
+    t0 = time.perf_counter()
+    model = litert_torch.convert(module, args)
+    convert_s = time.perf_counter() - t0
+    model.export(out)
+    print(json.dumps({
+        "impl": impl, "model": name, "convert_s": convert_s,
+        "process_s": time.perf_counter() - t_start,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "torch": torch.__version__,
+    }))
+
+
+if __name__ == "__main__":
+    main()

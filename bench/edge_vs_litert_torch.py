@@ -1,0 +1,161 @@
+"""Edge path vs Google's litert-torch 0.10.0, side by side in one run.
+
+    .venv/bin/python bench/edge_vs_litert_torch.py [--models resnet18,vit] [--runs 30]
+
+Installs litert-torch 0.10.0 into its own venv (.bench-venv-peer; it owns the module name
+`litert_torch`), converts each model with both in fresh subprocesses (conversion wall time, peak
+RSS), then measures in this process: .tflite size, LiteRT interpreter latency (1 thread, median of
+--runs), max rel err vs torch eager. Prints per-model figures and our/peer ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_VENV = os.path.join(ROOT, ".bench-venv-peer")
+sys.path.insert(0, ROOT)
+
+DEFAULT_MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet", "shufflenet_v2", "squeezenet",
+                  "regnet", "convnext", "densenet", "deeplabv3", "lraspp", "vit", "swin", "bert", "llama", "t5"]
+
+
+def ensure_peer() -> str:
+    py = os.path.join(PEER_VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True)
+    r = subprocess.run([py, "-c", "import litert_torch, importlib.metadata as m; print(m.version('litert-torch'))"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip().startswith("0.10.0"):
+        # torch pinned to the local CPU wheel: an unpinned torch would pull a CUDA build.
+        subprocess.run([py, "-m", "pip", "install", "-q", "torch==2.13.0", "litert-torch==0.10.0"], check=True)
+    return py
+
+
+def convert_in_subprocess(py, impl, model, out):
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([py, os.path.join(ROOT, "bench", "_edge_worker.py"), impl, model, out],
+                       capture_output=True, text=True, env=env, timeout=900)
+    for line in reversed(r.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+
+
+def latency_ms(path, inputs, runs, params):
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_path=path, num_threads=1)
+    runner = it.get_signature_runner()
+    names = list(it.get_signature_list()["serving_default"]["inputs"])
+
+    def position(n):  # ours: forward's parameter names; the peer: args_0, args_1, ...
+        return params.index(n) if n in params else int(n.rsplit("_", 1)[-1])
+
+    feed = {n: inputs[position(n)] for n in names}
+    for _ in range(3):
+        runner(**feed)
+    ts = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        out = runner(**feed)
+        ts.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(ts), out
+
+
+def rel_err(outs: dict, ref) -> float:
+    import numpy as np
+    import torch.utils._pytree as pytree
+
+    refs = [r.detach().numpy() for r in pytree.tree_leaves(ref)]
+    got = [outs[k] for k in sorted(outs, key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 0)]
+    if len(got) != len(refs):
+        return float("nan")
+    worst = 0.0
+    for g, r in zip(got, refs):
+        if g.shape != r.shape:
+            return float("nan")
+        worst = max(worst, float(np.abs(g.astype("f8") - r).max() / max(np.abs(r).max(), 1e-6)))
+    return worst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--runs", type=int, default=30)
+    a = ap.parse_args()
+    import numpy as np
+    import torch
+
+    from tests.zoo import build
+
+    peer_py = ensure_peer()
+    ours_py = sys.executable
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            module, args = build(name)
+            with torch.no_grad():
+                ref = module(*args)
+            params = list(inspect.signature(module.forward).parameters)
+            inputs = [x.numpy().astype(np.int32) if x.dtype == torch.int64 else x.numpy() for x in args]
+            row = {"model": name}
+            for impl, py in (("ours", ours_py), ("peer", peer_py)):
+                out = os.path.join(tmp, f"{name}.{impl}.tflite")
+                info = convert_in_subprocess(py, impl, name, out)
+                if "error" in info:
+                    row[impl] = info
+                    continue
+                feed = inputs
+                if impl == "peer":  # the peer keeps int64 ids
+                    feed = [x.numpy() for x in args]
+                try:
+                    lat, outs = latency_ms(out, feed, a.runs, params)
+                    info.update(size=os.path.getsize(out), latency_ms=lat, rel_err=rel_err(outs, ref))
+                except Exception as e:  # noqa: BLE001
+                    info.update(error=f"run: {e}"[:200])
+                row[impl] = info
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    report(rows)
+
+
+def report(rows):
+    hdr = (f"{'model':14s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'rss ours':>8s} {'rss peer':>8s} "
+           f"{'rss ratio':>9s} {'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} {'size ratio':>10s} {'err ours':>9s} {'err peer':>9s}")
+    print(hdr)
+    sums = {"co": 0, "cp": 0}
+    speed, rss, lat, size = [], [], [], []
+    for r in rows:
+        o, p = r.get("ours", {}), r.get("peer", {})
+        if "error" in o or "error" in p:
+            print(f"{r['model']:14s} ours: {o.get('error', 'ok')}  peer: {p.get('error', 'ok')}")
+            continue
+        sums["co"] += o["convert_s"]
+        sums["cp"] += p["convert_s"]
+        speed.append(p["convert_s"] / o["convert_s"])
+        rss.append(o["peak_rss_mb"] / p["peak_rss_mb"])
+        lat.append(o["latency_ms"] / p["latency_ms"])
+        size.append(o["size"] / p["size"])
+        print(f"{r['model']:14s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o['peak_rss_mb']:8.0f} "
+              f"{p['peak_rss_mb']:8.0f} {rss[-1]:9.2f} {o['latency_ms']:8.3f} {p['latency_ms']:8.3f} {lat[-1]:9.2f} "
+              f"{size[-1]:10.3f} {o['rel_err']:9.1e} {p['rel_err']:9.1e}")
+    if speed:
+        import statistics as st
+
+        print(f"\nconversion: {sums['cp'] / sums['co']:.2f}x faster summed (goal >= 3x), min {min(speed):.2f}x (goal >= 2x)")
+        print(f"peak RSS: max ratio {max(rss):.2f} (goal <= 0.7)")
+        print(f"latency: median ratio {st.median(lat):.2f} (goal <= 1.00), max {max(lat):.2f} (goal <= 1.10)")
+        print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")
+
+
+if __name__ == "__main__":
+    main()
