@@ -1,5 +1,27 @@
-"""targets: named deployment targets (tpu-v5e ... android, web, iot) and their checks."""
+"""targets: named deployment targets (tpu-v5e ... android, web, iot) and their checks and packaging.
+
+Heavy modules (edge, ai_edge_litert, ai_edge_quantizer, tflite_micro, tpu_backend) load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 from .registry import TARGETS, Target, UnknownTargetError, get_target
 
-__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target"]
+__all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "check_for_target", "package",
+           "compatibility", "Report", "CompatibilityError", "BudgetError", "QuantizationError",
+           "chip_facts", "check_topology"]
+
+_WHERE = {
+    "check_for_target": "checks", "package": "checks",
+    "compatibility": "compat", "Report": "compat", "CompatibilityError": "compat",
+    "BudgetError": "iot", "QuantizationError": "quantize",
+    "chip_facts": "tpu", "check_topology": "tpu",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module 'targets' has no attribute {name!r}")
