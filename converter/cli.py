@@ -135,14 +135,9 @@ def _load_artifact(path):
 
 
 def cmd_inspect(a) -> int:
-    if a.artifact.endswith(".tflite"):
-        from edge.inspect import describe_tflite
+    from targets.describe import describe
 
-        print(describe_tflite(a.artifact))
-    else:
-        from tpu_backend.inspect import describe_artifact
-
-        print(describe_artifact(a.artifact))
+    print(describe(a.artifact))
     return 0
 
 
@@ -216,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from tpu_backend.aot import prepare_cpu_host
+
+    prepare_cpu_host()  # before jax starts: quiet, concurrent-safe libtpu on hosts without a TPU
+    import warnings
+
+    # torch's own pytree deprecation notice fires inside torch.export; it is not the user's to fix
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
     try:
         return args.fn(args)
     except KeyboardInterrupt:

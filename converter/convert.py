@@ -7,7 +7,6 @@ by its backend, then a summary.json beside them.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -16,14 +15,14 @@ from typing import Callable
 from .errors import ConversionError
 from .pipeline import SignatureRequest, prepare_many
 
-__all__ = ["convert", "BACKENDS"]
-
-# backend name -> module implementing `is_supported(node)` and `write_for_target(...)`.
-BACKENDS = {"tpu": "tpu_backend.target_writer", "edge": "edge.target_writer"}
+__all__ = ["convert"]
 
 
 def _backend(name: str):
-    return importlib.import_module(BACKENDS[name])
+    # targets/ picks the backend, its options and its checks for each target.
+    from targets.backends import BACKENDS
+
+    return BACKENDS[name]
 
 
 def convert(

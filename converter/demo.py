@@ -34,6 +34,24 @@ def _load(path):
     return tpu_backend.load(path)
 
 
+def _run(path, args):
+    """Run an artifact on the torch sample. Mobile targets take images NHWC by default, so an
+    NCHW sample whose channel-last shape is what the .tflite asks for is permuted first (and a
+    4-D NHWC output permuted back)."""
+    model = _load(path)
+    if not path.endswith(".tflite"):
+        return model(*args)
+    from ai_edge_litert.interpreter import Interpreter
+
+    runner = Interpreter(model_path=path).get_signature_runner()
+    wanted = [tuple(d["shape"]) for d in runner.get_input_details().values()]
+    feed = []
+    for x in args:
+        nhwc = tuple(x.permute(0, 2, 3, 1).shape) if x.dim() == 4 else None
+        feed.append(x.permute(0, 2, 3, 1).contiguous() if nhwc in wanted and tuple(x.shape) not in wanted else x)
+    return model(*feed)
+
+
 def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None) -> int:
     from .cli import _progress
     from .convert import convert
@@ -50,7 +68,7 @@ def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None
                           progress=lambda m, n=name: say(f"{n}: {m}"))
         total = time.perf_counter() - t0
         for target, path in written.items():
-            got = _load(path)(*args)
+            got = _run(path, args)
             size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) \
                 if os.path.isdir(path) else os.path.getsize(path)
             rows.append((name, target, path, size, max_rel_err(got, want), total))

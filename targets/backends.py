@@ -1,0 +1,101 @@
+"""The backend protocol converter.convert drives: validate options, support check, write.
+
+Each backend entry answers three questions for the one-call flow: are these options mine,
+can you lower this node, and write the artifact for this target.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .flow import EDGE_OPTIONS, write_edge_target
+
+__all__ = ["BACKENDS", "EdgeBackend", "TpuBackend"]
+
+TPU_OPTIONS = {"topology", "use_pallas", "dtype", "quant_config", "mesh", "partition_rules", "aot"}
+
+
+def _check_known(target, options, known, other):
+    unknown = set(options) - known - other
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(sorted(unknown))} for target {target.name!r}; "
+                        f"{target.backend} targets take {', '.join(sorted(known))}")
+
+
+class EdgeBackend:
+    name = "edge"
+
+    @staticmethod
+    def validate_options(target, options):
+        _check_known(target, options, EDGE_OPTIONS, TPU_OPTIONS)
+
+    @staticmethod
+    def is_supported(node) -> bool:
+        from edge import is_supported
+
+        return is_supported(node)
+
+    @staticmethod
+    def write_for_target(prog, target, out_dir, options, say):
+        return write_edge_target(prog, target.name, out_dir, options, say)
+
+
+class TpuBackend:
+    name = "tpu"
+
+    @staticmethod
+    def validate_options(target, options):
+        _check_known(target, options, TPU_OPTIONS, EDGE_OPTIONS)
+        if "topology" in options and target.chip is not None:
+            from .tpu import check_topology
+
+            check_topology(target, options["topology"])  # a bad topology fails before capture
+
+    @staticmethod
+    def is_supported(node) -> bool:
+        from tpu_backend.lowering import is_supported
+
+        return is_supported(node)
+
+    @staticmethod
+    def write_for_target(prog, target, out_dir, options, say):
+        import tpu_backend
+
+        opts = {k: v for k, v in options.items() if k in TPU_OPTIONS}
+        quant = opts.pop("quant_config", None)
+        export_kw = {}
+        if opts.get("dtype") in ("bfloat16", "bf16"):
+            export_kw["dtype"] = "bfloat16"
+        if quant is not None:
+            raise ValueError(f"target {target.name!r}: quant_config is not supported by the TPU backend yet; "
+                             "use dtype='bfloat16' for a smaller TPU artifact")
+        if "use_pallas" in opts:
+            export_kw["use_pallas"] = opts["use_pallas"]
+        for k in ("mesh", "partition_rules"):
+            if k in opts:
+                export_kw[k] = opts[k]
+        say(f"{target.name}: lowering to JAX and exporting StableHLO for {', '.join(target.platforms)}")
+        bundle = tpu_backend.export_program(prog, platforms=target.platforms, **export_kw)
+        info = {"platforms": list(target.platforms)}
+        if target.chip is not None and opts.get("aot", True) and _libtpu_available():
+            topology = opts.get("topology") or target.default_topology
+            say(f"{target.name}: AOT-compiling for {topology} with libtpu")
+            compiled = bundle.compile_for(target.name, topology)
+            info["aot"] = {"topology": topology}
+            info["aot"]["report"] = getattr(compiled, "report", None)
+        elif target.chip is not None:
+            say(f"{target.name}: libtpu is not installed; writing StableHLO only (pip install 'libtpu==0.0.42.*' "
+                "to add the AOT-compiled executable)")
+        path = os.path.join(out_dir, target.name, "model.tpuexp")
+        say(f"{target.name}: writing {path}")
+        tpu_backend.save(bundle, path)
+        return path, info
+
+
+def _libtpu_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+BACKENDS = {"edge": EdgeBackend, "tpu": TpuBackend}

@@ -1,0 +1,230 @@
+"""AOT compilation of an exported bundle for a TPU generation and slice, on any host.
+
+With libtpu installed, ``jax.experimental.topologies.get_topology_desc("v6e:2x2", "tpu")``
+describes a TPU slice as compile-only devices; ``jax.jit(exported.call).lower(...)`` on
+ShapeDtypeStructs placed on those devices, then ``.compile()``, runs the real TPU compiler
+here, CPU-only as this host is. jax's default backend stays CPU: compile-only devices never
+execute anything.
+
+Notes on libtpu on a CPU-only host (measured with jax 0.10.2 / libtpu 0.0.42):
+
+* Any process that initialises jax's backends without ``JAX_PLATFORMS=cpu`` tries the TPU
+  plugin, fails to find a chip and falls back to CPU, but keeps ``/tmp/libtpu_lockfile``
+  locked until it exits. Another process then cannot create a topology ("Internal error when
+  accessing libtpu multi-process lockfile") unless ``ALLOW_MULTIPLE_LIBTPU_LOAD=1`` is set
+  before libtpu loads. On a host with no TPU attached we set it (if unset) right before the
+  first topology is created: nothing runs on a TPU, so concurrent loads are harmless.
+* "v5e:1x1" is refused with the default ``chips_per_host_bounds`` (2x2x1); a one-chip slice
+  is described with ``chips_per_host_bounds=(1, 1, 1)``.
+* tpu7x exposes each of a chip's two TensorCores as a device (a 2x2x1 slice has 8 devices);
+  XLA's per-device figures are then per TensorCore.
+* The TPU_WORKER_HOSTNAMES / accelerator-type warnings libtpu prints on such hosts are
+  harmless noise.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import re
+import time
+
+from .artifact.compiled import CompiledSignature, CompiledTarget
+from .artifact.report import build_report, figures_of
+from .artifact.versions import runtime_versions
+from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
+from .export import x64_scope
+from .sharding import named_sharding
+
+__all__ = ["compile_for", "compile_on_devices", "topology_devices", "HbmOverflowError", "AotError",
+           "InvalidTopologyError", "prepare_cpu_host"]
+
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+class AotError(RuntimeError):
+    """The TPU compiler refused the program."""
+
+
+class HbmOverflowError(AotError):
+    """The compiled program needs more HBM per device than the chip has."""
+
+    def __init__(self, msg: str, needed: int | None = None, available: int | None = None):
+        super().__init__(msg)
+        self.needed, self.available = needed, available
+
+
+def _tpu_attached() -> bool:
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == _GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def prepare_cpu_host() -> None:
+    """On a host with no TPU attached, set (if unset) the libtpu variables that make TPU AOT
+    compiles work beside other jax processes and keep libtpu from printing its
+    "could not determine TPU worker hostnames / accelerator type" errors: with nothing to run
+    on, libtpu only needs *some* well-formed answer. Called by entry points (the CLI, the test
+    suite) before jax starts, never at import time. A TPU host is left untouched."""
+    if _tpu_attached():
+        return
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-4")
+
+
+@functools.lru_cache(maxsize=None)
+def _topology(libtpu_name: str, one_chip: bool):
+    from jax.experimental import topologies
+
+    if not _tpu_attached():
+        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    kw = {"chips_per_host_bounds": (1, 1, 1)} if one_chip else {}
+    return topologies.get_topology_desc(libtpu_name, "tpu", **kw)
+
+
+def topology_devices(topo: Topology) -> list:
+    """Compile-only devices of a TPU slice (libtpu must be installed)."""
+    try:
+        return list(_topology(topo.libtpu_name, topo.chips == 1).devices)
+    except RuntimeError as e:  # JaxRuntimeError subclasses RuntimeError
+        msg = str(e)
+        if "INVALID_ARGUMENT" in msg:
+            raise InvalidTopologyError(
+                f"libtpu refused topology {topo.libtpu_name!r}: {msg.splitlines()[0]}; valid topologies for "
+                f"{topo.chip.target}: {', '.join(topo.chip.topologies)}"
+            ) from None
+        if "not installed" in msg or "TPU support" in msg:
+            raise AotError(f"AOT compilation for {topo.chip.target} needs libtpu: pip install 'libtpu==0.0.42.*' "
+                           f"({msg.splitlines()[0]})") from None
+        raise AotError(f"could not describe TPU slice {topo.libtpu_name!r}: {msg.splitlines()[0]}") from None
+
+
+def compile_for(bundle, target: str, topology: str | None = None, *, dim_values: dict | None = None,
+                hbm_bytes: int | None = None, signatures=None) -> CompiledTarget:
+    """Compile every signature of ``bundle`` for ``target`` (``tpu-v5e``, ``tpu-v6e``, ``tpu-v5p``,
+    ``tpu-v7x``) on ``topology`` (e.g. ``"2x2"``; default: one chip), record executables and
+    the cost/memory report in the bundle, and return them.
+
+    ``dim_values`` fixes dynamic dims for the compile (default: the smallest size in range
+    that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
+    """
+    topo = parse_topology(target, topology)
+    if "tpu" not in bundle.platforms:
+        raise AotError(f"the bundle was exported for {list(bundle.platforms)}; AOT for {topo.chip.target} needs "
+                       "platforms including 'tpu'")
+    devices = topology_devices(topo)
+    return compile_on_devices(bundle, devices, target=topo.chip.target, topology=topo.shape, chip=topo.chip,
+                              dim_values=dim_values, hbm_bytes=hbm_bytes, signatures=signatures,
+                              libtpu_topology=topo.libtpu_name)
+
+
+def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chip: ChipSpec | None = None,
+                       dim_values=None, hbm_bytes=None, signatures=None, libtpu_topology=None) -> CompiledTarget:
+    """Compile for the given devices: compile-only TPU devices of a topology, or devices jax
+    already runs (e.g. the local CPU, or an attached TPU)."""
+    n = bundle.mesh.size if bundle.mesh is not None else 1
+    if n > len(devices):
+        raise AotError(f"the program is sharded over {n} devices ({bundle.mesh.describe()}); "
+                       f"{target} {topology} has {len(devices)}")
+    mesh = bundle.mesh.concrete(devices) if bundle.mesh is not None else None
+    used = list(mesh.devices.flat) if mesh is not None else devices[:1]
+    platform = used[0].platform
+    hbm = hbm_bytes if hbm_bytes is not None else (chip.hbm_bytes_per_device if chip else None)
+    names = list(signatures) if signatures is not None else list(bundle.signatures)
+
+    compiled, per_sig = {}, {}
+    for name in names:
+        sig = bundle.signatures[name]
+        with x64_scope(bundle.enable_x64):
+            cs, figures = _compile_signature(bundle, sig, used, mesh, dim_values, hbm, target, topology)
+        compiled[name], per_sig[name] = cs, figures
+    report = build_report(target, topology, libtpu_topology, chip, used, bundle.mesh, per_sig, hbm)
+    result = CompiledTarget(target, topology, platform, used[0].device_kind, len(used),
+                            {k: v for k, v in runtime_versions().items() if k != "tpu_export"}, compiled, report)
+    bundle.compiled = [c for c in bundle.compiled if c.key != result.key] + [result]
+    return result
+
+
+def _concrete_dims(sig, bundle, dim_values) -> dict:
+    dims = dict(dim_values or {})
+    for spec in sig.inputs:
+        for i, d in enumerate(spec["shape"]):
+            if isinstance(d, str) and d not in dims:
+                lo = max(1, sig.dim_ranges.get(d, [1])[0])
+                sh = (spec.get("sharding") or [None] * len(spec["shape"]))[i]
+                step = bundle.mesh.axis_size(sh) if sh else 1
+                dims[d] = -(-lo // step) * step
+    return dims
+
+
+def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topology):
+    import jax
+
+    dims = _concrete_dims(sig, bundle, dim_values)
+
+    def sds(shape, dtype, sharding):
+        placed = named_sharding(mesh, sharding or []) if mesh is not None else jax.sharding.SingleDeviceSharding(devices[0])
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
+
+    w_sds = [sds(tuple(bundle.weights[w].shape), a.dtype, bundle.weight_shardings.get(w))
+             for w, a in zip(sig.weight_names, sig.exported.in_avals)]
+    in_shapes = [[dims[d] if isinstance(d, str) else d for d in s["shape"]] for s in sig.inputs]
+    in_sds = [sds(tuple(shape), a.dtype, s.get("sharding"))
+              for shape, s, a in zip(in_shapes, sig.inputs, sig.exported.in_avals[len(w_sds):])]
+    t0 = time.perf_counter()
+    try:
+        compiled = jax.jit(sig.exported.call, keep_unused=True).lower(w_sds, *in_sds).compile()
+    except Exception as e:  # noqa: BLE001 - the TPU compiler's refusals come as JaxRuntimeError
+        msg = str(e)
+        if "RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg:
+            nums = [_bytes(v, u) for v, u in re.findall(r"\(([\d.]+)([KMGT]?)\)", msg)[:2]]
+            needed, available = (nums + [None, None])[:2]
+            raise HbmOverflowError(
+                f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) but "
+                f"only {_gib(available)} is available (chip spec: {_gib(hbm)} per device). Fix: shard over more "
+                f"chips (mesh + partition_rules), use dtype='bfloat16', or a smaller batch. "
+                f"XLA: {msg.splitlines()[0]}",
+                needed, available,
+            ) from None
+        raise AotError(f"signature {sig.name!r}: the {target} compiler failed: {msg.splitlines()[0]}") from e
+    seconds = time.perf_counter() - t0
+    figures = figures_of(compiled)
+    figures["compile_seconds"] = round(seconds, 4)
+    figures["input_shapes"] = in_shapes
+    mem = figures["memory"]
+    needed = mem["argument_bytes"] + mem["output_bytes"] + mem["temp_bytes"] + mem["generated_code_bytes"] \
+        - mem["alias_bytes"]
+    figures["hbm_needed_bytes_per_device"] = needed
+    if hbm is not None and needed > hbm:
+        raise HbmOverflowError(
+            f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) "
+            f"but a device has {_gib(hbm)}: arguments {_gib(mem['argument_bytes'])}, outputs "
+            f"{_gib(mem['output_bytes'])}, temporaries {_gib(mem['temp_bytes'])}, code "
+            f"{_gib(mem['generated_code_bytes'])}. Fix: shard the weights over more chips (mesh + "
+            f"partition_rules), use dtype='bfloat16', or a smaller batch.",
+            needed, hbm,
+        )
+    raw = compiled.runtime_executable().serialize()
+    figures["executable_bytes"] = len(raw)
+    shapes = [list(s.shape) for s in w_sds] + in_shapes
+    return CompiledSignature(bytes(raw), shapes, seconds), figures
+
+
+def _gib(b) -> str:
+    if b is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.2f} {unit} ({b} bytes)"
+    return f"{b} bytes"
+
+
+def _bytes(v: str, unit: str) -> int:
+    return int(float(v) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit])
