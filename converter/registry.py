@@ -18,9 +18,8 @@ class DuplicateLoweringError(RuntimeError):
 
 def op_name(target) -> str:
     """'aten.add.Tensor' for an OpOverload; the callable's name for Python operators."""
-    name = getattr(target, "_name", None)  # OpOverload: 'aten::add' + overloadname
-    if name is not None and hasattr(target, "_overloadname"):
-        ns, op = name.split("::", 1)
+    if hasattr(target, "_overloadname") and hasattr(target, "_schema"):  # an OpOverload
+        ns, op = target._schema.name.split("::", 1)  # 'aten::add' (no overload suffix)
         return f"{ns}.{op}.{target._overloadname or 'default'}"
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 

@@ -1,0 +1,346 @@
+"""The driver: walk a Signature's graph and emit one LiteRT subgraph.
+
+``Lowerer`` is the context every lowering receives: it knows the current node's output
+avals, materializes values in the layout an op asks for (constants permuted at conversion
+time, TRANSPOSE/RESHAPE inserted lazily and cached per value), and emits operators.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+import torch
+
+from . import layout as L
+from .builder import ModelBuilder, options, schema
+from .registry import EDGE
+from .values import SymVal, Val, np_dtype
+
+__all__ = ["Lowerer", "lower_signature", "SYM_OPS"]
+
+aten = torch.ops.aten
+
+# Python operators torch.export writes on SymInts (dynamic shapes)
+SYM_OPS = {
+    operator.mul, operator.add, operator.sub, operator.floordiv, operator.mod, operator.neg,
+    aten.sym_size.int, torch.sym_int, torch.sym_max, torch.sym_min,
+}
+_SYM_BINARY = {operator.mul: "MUL", operator.add: "ADD", operator.sub: "SUB", operator.floordiv: "FLOOR_DIV",
+               operator.mod: "FLOOR_MOD"}
+_NO_FOLD = ("rand", "normal", "bernoulli", "uniform", "empty", "dropout")
+_FOLD_LIMIT = 1 << 16
+# builtins whose version 1 is not a builtin kernel (BROADCAST_TO v1 was the Flex op)
+_MIN_VERSION = {"BROADCAST_TO": 2}  # elements a folded constant may have beyond its inputs'
+
+
+def _shape_of(val) -> tuple:
+    return tuple(None if isinstance(d, torch.SymInt) and not _static(d) else int(d) for d in val.shape)
+
+
+def _static(d) -> bool:
+    try:
+        return d.node.expr.is_number
+    except AttributeError:
+        return True
+
+
+class Lowerer:
+    def __init__(self, model: ModelBuilder, prog, sig):
+        self.model = model
+        self.prog = prog
+        self.sig = sig
+        self.sg = model.subgraph(sig.name)
+        self.node = None
+        self._tmp = 0
+
+    # ------------------------------------------------------------------ current node
+    def out_val(self, i=None):
+        v = self.node.meta["val"]
+        if isinstance(v, (tuple, list)):
+            return v[i or 0]
+        return v
+
+    def out_shape(self, i=None) -> tuple:
+        return _shape_of(self.out_val(i))
+
+    def out_dtype(self, i=None) -> np.dtype:
+        return np_dtype(self.out_val(i).dtype)
+
+    def name(self, suffix: str = "") -> str:
+        base = self.node.meta.get("tensor_name", self.node.name) if self.node is not None else "t"
+        if suffix:
+            self._tmp += 1
+            return f"{base};{suffix}{self._tmp}"
+        return base
+
+    # ------------------------------------------------------------------ values
+    def const(self, array, dtype=None) -> Val:
+        a = np.asarray(array, dtype=dtype)
+        return Val(tuple(a.shape), a.dtype, L.identity(a.ndim), const=a)
+
+    def const_tensor(self, array, dtype=None, name=None) -> int:
+        a = np.asarray(array, dtype=dtype)
+        if not a.flags.c_contiguous:
+            a = a.copy()  # (np.ascontiguousarray would turn a 0-d scalar into shape [1])
+        return self.sg.const(a, name or self.name("const"))
+
+    def tensor(self, v: Val, perm=None) -> int:
+        """v's tensor in layout ``perm`` (default: its own), emitting what is needed once."""
+        perm = tuple(v.perm if perm is None else perm)
+        if v.is_const:
+            if perm not in v.layouts:
+                data = np.transpose(v.const, perm) if v.const.ndim > 1 else v.const
+                v.layouts[perm] = self.const_tensor(data.astype(v.dtype, copy=False), name=self._const_name(v))
+            return v.layouts[perm]
+        if perm == tuple(v.perm):
+            return v.tensor
+        if perm not in v.layouts:
+            out_shape = v.phys_shape(perm)
+            if L.same_data_order(v.perm, perm, v.shape) and sum(d is None for d in out_shape) <= 1:
+                shape = self.const_tensor([-1 if d is None else d for d in out_shape], np.int32)
+                (t,), _ = self.emit("RESHAPE", [v.tensor, shape], [out_shape], [v.dtype], suffix="reshape")
+            else:
+                tp = self.const_tensor(L.transpose_perm(v.perm, perm), np.int32)
+                (t,), _ = self.emit("TRANSPOSE", [v.tensor, tp], [out_shape], [v.dtype], suffix="transpose",
+                                    version=_transpose_version(len(perm), v.dtype))
+            v.layouts[perm] = t
+        return v.layouts[perm]
+
+    def _const_name(self, v):
+        return getattr(v, "name", None) or self.name("const")
+
+    def with_perm(self, v: Val, perm) -> Val:
+        perm = tuple(perm)
+        if perm == tuple(v.perm):
+            return v
+        if v.is_const:
+            return Val(v.shape, v.dtype, perm, const=v.const, layouts=v.layouts)
+        return Val(v.shape, v.dtype, perm, tensor=self.tensor(v, perm))
+
+    def alias(self, v: Val) -> Val:
+        """The same value under another node (clone, detach, ...): fusion may see through it
+        only when this alias is the source's one reader."""
+        return Val(v.shape, v.dtype, v.perm, tensor=v.tensor, const=v.const,
+                   producer=v.producer if v.users == 1 else None, layouts=v.layouts)
+
+    # ------------------------------------------------------------------ ops
+    def emit(self, op: str, inputs, out_shapes, out_dtypes, opts=None, version=1, suffix=None):
+        """Write builtin ``op``; returns (output tensor indices, the OperatorT)."""
+        outs = []
+        for k, (shape, dtype) in enumerate(zip(out_shapes, out_dtypes)):
+            nm = self.name(suffix) if suffix else (self.name() if k == 0 else self.name(f"out{k}_"))
+            outs.append(self.sg.tensor(nm, shape, dtype))
+        code = getattr(schema().BuiltinOperator, op)
+        version = max(version, _MIN_VERSION.get(op, 1))
+        o = self.sg.op(code, [-1 if i is None else i for i in inputs], outs, opts, version)
+        return outs, o
+
+    def op(self, op: str, inputs, shape, dtype, perm=None, opts=None, version=1, suffix=None,
+           fusable=False) -> Val:
+        """One-output op producing a value with logical ``shape`` in layout ``perm``."""
+        perm = L.identity(len(shape)) if perm is None else tuple(perm)
+        dtype = np.dtype(dtype)
+        (t,), o = self.emit(op, inputs, [tuple(shape[p] for p in perm)], [dtype], opts, version, suffix)
+        return Val(tuple(shape), dtype, perm, tensor=t, producer=o if fusable else None)
+
+    def options(self, kind, **fields):
+        return options(kind, **fields)
+
+    def fuse_activation(self, x: Val, act: int) -> Val | None:
+        """Fold an activation into x's producer (CONV_2D, FULLY_CONNECTED, ADD, ...) when x has
+        no other reader. Returns the activated value, or None when it cannot."""
+        o = x.producer
+        if o is None or x.users != 1 or x.is_const or x.layouts:
+            return None
+        opts = o.builtinOptions
+        if getattr(opts, "fusedActivationFunction", None) != 0:
+            return None
+        opts.fusedActivationFunction = act
+        return Val(x.shape, x.dtype, x.perm, tensor=x.tensor)
+
+    def cast(self, v: Val, dtype) -> Val:
+        dtype = np.dtype(dtype)
+        if v.dtype == dtype:
+            return v
+        if v.is_const:
+            return self.const(v.const.astype(dtype))
+        return self.op("CAST", [v.tensor], v.shape, dtype, v.perm, suffix="cast")
+
+    def reshape(self, v: Val, new_shape) -> Val:
+        """v viewed as logical ``new_shape`` (ints; None or a SymVal for dynamic dims)."""
+        new_shape = list(new_shape)
+        if v.is_const and all(isinstance(d, int) for d in new_shape):
+            return self.const(v.const.reshape(new_shape))
+        logical = tuple(d if isinstance(d, int) else None for d in new_shape)
+        if logical == tuple(v.shape) and all(d is not None for d in logical):
+            return v
+        src, out_perm = L.plan_reshape(v.shape, v.perm, logical)
+        t = self.tensor(v, src)
+        phys = [new_shape[p] for p in out_perm]
+        shape_t = self.shape_tensor(phys)
+        return self.op("RESHAPE", [t, shape_t], logical, v.dtype, out_perm)
+
+    def shape_tensor(self, dims, infer=True) -> int:
+        """An int32 shape operand: a constant (with ``infer``, one unknown dim written -1, as
+        RESHAPE takes it) or, otherwise, computed at run time from SHAPE."""
+        dims = [d.value if isinstance(d, SymVal) and d.value is not None else d for d in dims]
+        unknown = [d for d in dims if not isinstance(d, int)]
+        if not unknown or (infer and len(unknown) == 1):
+            return self.const_tensor([d if isinstance(d, int) else -1 for d in dims], np.int32)
+        parts = [self.sym_tensor(d) if not isinstance(d, int) else self.const_tensor([d], np.int32) for d in dims]
+        (t,), _ = self.emit("CONCATENATION", parts, [(len(dims),)], [np.int32], self.options("Concatenation", axis=0),
+                            suffix="shape")
+        return t
+
+    def sym_tensor(self, s) -> int:
+        """An int32 [1] tensor holding symbolic int ``s`` at run time."""
+        if isinstance(s, int):
+            return self.const_tensor([s], np.int32)
+        if s.value is not None:
+            return self.const_tensor([s.value], np.int32)
+        if s.tensor is None:
+            kind = s.expr[0]
+            if kind == "dim":
+                v, d = s.expr[1], s.expr[2]
+                (shp,), _ = self.emit("SHAPE", [self.tensor(v)], [(v.rank,)], [np.int32],
+                                      self.options("Shape", outType=2), suffix="shape")
+                idx = self.const_tensor([v.perm.index(d)], np.int32)
+                (t,), _ = self.emit("GATHER", [shp, idx], [(1,)], [np.int32], self.options("Gather", axis=0),
+                                    suffix="dim")
+            elif kind is operator.neg:
+                (t,), _ = self.emit("NEG", [self.sym_tensor(s.expr[1])], [(1,)], [np.int32], suffix="sym")
+            else:
+                a, b = self.sym_tensor(s.expr[1]), self.sym_tensor(s.expr[2])
+                (t,), _ = self.emit(_SYM_BINARY[kind], [a, b], [(1,)], [np.int32], suffix="sym")
+            s.tensor = t
+        return s.tensor
+
+
+def _transpose_version(rank, dtype) -> int:
+    if rank > 5:
+        return 6
+    if rank > 4:
+        return 5 if np.dtype(dtype) == np.bool_ else 4
+    return 3 if np.dtype(dtype) == np.bool_ else 1
+
+
+# ---------------------------------------------------------------------------- driver
+
+
+def _weight_val(prog, node) -> Val:
+    w = prog.weights[node.meta["weight_name"]]
+    w = w.detach()
+    if w.dtype == torch.bfloat16:
+        w = w.float()
+    a = w.contiguous().numpy()
+    v = Val(tuple(a.shape), a.dtype, L.identity(a.ndim), const=a)
+    v.name = node.meta["weight_name"]
+    return v
+
+
+def _sym_value(lw, node, args) -> SymVal:
+    val = node.meta.get("val")
+    known = int(val) if isinstance(val, int) or (isinstance(val, torch.SymInt) and _static(val)) else None
+    if node.target is aten.sym_size.int:
+        v, d = args
+        d = d % v.rank
+        return SymVal(v.shape[d] if v.shape[d] is not None else known, ("dim", v, d))
+    if node.target is operator.neg:
+        return SymVal(known, (operator.neg, args[0]))
+    if node.target in _SYM_BINARY:
+        return SymVal(known, (node.target, args[0], args[1]))
+    if known is None:
+        raise NotImplementedError(f"edge: symbolic {node.target} on dynamic sizes")
+    return SymVal(known)
+
+
+def _try_fold(lw, node, args, kwargs):
+    """Evaluate a node whose inputs are all constants, when the result stays small."""
+    if not isinstance(node.target, torch._ops.OpOverload) or any(k in node.target._name for k in _NO_FOLD):
+        return None
+    leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+    if any(isinstance(a, SymVal) for a in leaves):
+        return None
+    ins = [a for a in leaves if isinstance(a, Val)]
+    if not all(a.is_const for a in ins):
+        return None
+    outs = node.meta["val"]
+    outs_t = outs if isinstance(outs, (tuple, list)) else (outs,)
+    if not all(isinstance(o, torch.Tensor) for o in outs_t):
+        return None
+    if any(not all(d is not None for d in _shape_of(o)) for o in outs_t):
+        return None
+    budget = sum(a.const.size for a in ins) + _FOLD_LIMIT
+    if sum(o.numel() for o in outs_t) > budget:
+        return None
+    from converter.interpret import call_narrowed
+
+    targs, tkw = torch.utils._pytree.tree_map(
+        lambda a: torch.from_numpy(np.array(a.const)) if isinstance(a, Val) else a, (args, kwargs))
+    try:
+        with torch.no_grad():
+            res = call_narrowed(node.target, targs, tkw)
+    except Exception:  # noqa: BLE001 - lower it instead
+        return None
+    res_t = res if isinstance(res, (tuple, list)) else (res,)
+    vals = tuple(lw.const(r.detach().to(o.dtype).numpy() if o.dtype != torch.bfloat16 else r.float().numpy())
+                 for r, o in zip(res_t, outs_t))
+    return vals if isinstance(res, (tuple, list)) else vals[0]
+
+
+def _boundary_layout(index, channel_last, rank) -> tuple:
+    return L.channel_last(rank) if index in set(channel_last) and rank >= 3 else L.identity(rank)
+
+
+def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), channel_last_outputs=()) -> Lowerer:
+    """Emit ``sig`` as a new subgraph of ``model`` and add its signature def. The inputs and
+    outputs at the given indices are written channel-last (N, spatial..., C)."""
+    lw = Lowerer(model, prog, sig)
+    env: dict = {}
+    inputs = []
+    for n in sig.graph.nodes:
+        lw.node = n
+        if n.op == "placeholder":
+            if "weight_name" in n.meta:
+                env[n] = _weight_val(prog, n)
+                continue
+            spec = sig.inputs[len(inputs)]
+            shape = lw.out_shape()
+            dtype = np_dtype(n.meta["val"].dtype)
+            perm = _boundary_layout(len(inputs), channel_last_inputs, len(shape))
+            t = lw.sg.tensor(spec.name, [shape[p] for p in perm], dtype)
+            inputs.append((spec.name, t))
+            env[n] = Val(shape, dtype, perm, tensor=t)
+        elif n.op == "call_function":
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+            if n.target is operator.getitem:
+                res = args[0][args[1]]
+            elif n.target in SYM_OPS:
+                res = _sym_value(lw, n, args)
+            else:
+                res = _try_fold(lw, n, args, kwargs)
+                if res is None:
+                    res = EDGE.get(n.target)(lw, *args, **kwargs)
+            if isinstance(res, Val):
+                res.users = len(n.users)
+            env[n] = res
+        elif n.op == "output":
+            outs = []
+            seen = {t for _, t in inputs}
+            for k, (spec, o) in enumerate(zip(sig.outputs, sig.output_nodes())):
+                v = env[o]
+                perm = _boundary_layout(k, channel_last_outputs, v.rank)
+                t = lw.tensor(v, perm)
+                if v.is_const or t in seen:
+                    # an output must be a tensor of its own, written by an op
+                    phys = v.phys_shape(perm)
+                    shp = lw.const_tensor([-1 if d is None else d for d in phys], np.int32)
+                    (t,), _ = lw.emit("RESHAPE", [t, shp], [phys], [v.dtype], suffix="out")
+                seen.add(t)
+                lw.sg.tensors[t].name = spec.name
+                outs.append((spec.name, t))
+    lw.sg.inputs = [t for _, t in inputs]
+    lw.sg.outputs = [t for _, t in outs]
+    model.add_signature(sig.name, len(model.subgraphs) - 1, inputs, outs)
+    return lw

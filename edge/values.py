@@ -1,0 +1,65 @@
+"""What a lowered fx value is on the LiteRT side: a tensor in some layout, or a constant."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+__all__ = ["Val", "SymVal", "np_dtype"]
+
+_NP = {
+    torch.float32: np.float32, torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64,
+    torch.bool: np.bool_, torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
+    torch.float64: np.float64, torch.bfloat16: np.float32,  # numpy has no bfloat16; widen
+}
+
+
+def np_dtype(dtype) -> np.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _NP:
+            raise TypeError(f"edge: dtype {dtype} has no LiteRT tensor type")
+        return np.dtype(_NP[dtype])
+    return np.dtype(dtype)
+
+
+@dataclasses.dataclass(eq=False)
+class Val:
+    """A tensor value. ``shape`` is the torch (logical) shape, None marking a dynamic dim;
+    physical dim i of ``tensor`` holds logical dim ``perm[i]``. A value known at conversion
+    time has ``const`` (in logical layout) and gets a tensor only when an op reads it."""
+
+    shape: tuple
+    dtype: np.dtype
+    perm: tuple
+    tensor: int | None = None
+    const: np.ndarray | None = None
+    producer: object = None  # the OperatorT that wrote ``tensor`` (for activation fusion)
+    users: int = 0  # fx users of the node this value came from
+    layouts: dict = dataclasses.field(default_factory=dict)  # perm -> tensor index (cache)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_const(self) -> bool:
+        return self.const is not None
+
+    def phys_shape(self, perm=None) -> tuple:
+        return tuple(self.shape[p] for p in (self.perm if perm is None else perm))
+
+    @property
+    def static(self) -> bool:
+        return all(d is not None for d in self.shape)
+
+
+@dataclasses.dataclass(eq=False)
+class SymVal:
+    """A symbolic int (from dynamic shapes): ``value`` when known, else how to compute it:
+    ("dim", Val, logical dim) or (python operator, SymVal|int, SymVal|int)."""
+
+    value: int | None
+    expr: tuple = ()
+    tensor: int | None = None  # int32 [1] tensor, built on demand
