@@ -70,7 +70,15 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
         except Exception as e:  # noqa: BLE001
             if first_error is None:
                 first_error = e
+            if _is_user_error(e):
+                break  # wrong inputs or dynamic_shapes fail the same way in strict mode: don't trace twice
     raise explain_export_error(first_error, module) from first_error
+
+
+def _is_user_error(e: BaseException) -> bool:
+    from torch._dynamo.exc import UserError
+
+    return isinstance(e, (UserError, TypeError))
 
 
 def _eval_copy(module):
@@ -89,6 +97,11 @@ _KNOWN = [
         "the model branches (if/while) or sizes a tensor on a value computed from its inputs",
         "use torch.cond(pred, true_fn, false_fn, operands) for the branch, torch._check(...) to state the value's range, "
         "or compute the size from input shapes instead of tensor values",
+    ),
+    (
+        r"specialized it to be a constant \(1\)|specialized it to be a constant \(0\)",
+        "the sample input has size 0 or 1 in a dim marked dynamic, and torch.export specializes sizes 0 and 1",
+        "give a sample with size >= 2 in that dim (e.g. a batch of 2); the converted model still accepts batch 1",
     ),
     (
         r"Constraints violated|specialized.*(to|be) a constant|ConstraintViolation|not all values of",

@@ -360,3 +360,11 @@ def test_fingerprint_changes_with_weights():
     with torch.no_grad():
         m.weight[0, 0] += 1
     assert prepare(m, (x,)).fingerprint() != f1
+
+
+def test_dynamic_dim_with_sample_size_one_explains_the_fix():
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4)).eval()
+    batch = torch.export.Dim("batch", min=1, max=8)
+    with pytest.raises(converter.ExportFailedError) as e:
+        prepare(m, (_x(1, 3, 8, 8),), dynamic_shapes=({0: batch},))
+    assert "size 0 or 1" in str(e.value) and "size >= 2" in str(e.value)
