@@ -68,11 +68,8 @@ def inference_core_ops():
 
 
 def _registries():
-    from edge.registry import EDGE
-    from tpu_backend.lowering.registry import JAX_LOWERINGS
-
-    import edge.lower  # noqa: F401  (registers every edge lowering)
-    import tpu_backend.lowering  # noqa: F401  (registers every JAX lowering)
+    from edge import EDGE  # the filled tables: importing them registers every lowering
+    from tpu_backend.lowering import JAX_LOWERINGS
 
     return {"tpu": JAX_LOWERINGS, "edge": EDGE}
 

@@ -1,0 +1,35 @@
+"""The TPU artifact: a versioned, self-describing directory (or the same files in one zip).
+
+Layout::
+
+    model.tpuexp/
+      manifest.json                       format version, signatures, shardings, versions, hashes
+      weights.safetensors                 every weight once (safetensors; memory-mapped on load)
+      signatures/<name>.jaxexport         jax.export serialization (StableHLO) per signature
+      compiled/<target>-<topology>/       optional AOT-compiled TPU executables
+          <signature>.bin                 raw PJRT executable bytes
+          report.json                     cost and memory analysis, per chip and whole program
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = [
+    "save", "read_artifact", "TpuArtifact", "FORMAT_VERSION", "MIN_READABLE_VERSION",
+    "ArtifactError", "ArtifactVersionError", "ArtifactCorruptError", "ManifestError",
+    "CompiledTarget", "CompiledSignature",
+]
+
+_WHERE = {
+    "save": "store", "read_artifact": "load", "TpuArtifact": "load",
+    "FORMAT_VERSION": "format", "MIN_READABLE_VERSION": "format",
+    "ArtifactError": "errors", "ArtifactVersionError": "errors", "ArtifactCorruptError": "errors",
+    "ManifestError": "errors", "CompiledTarget": "compiled", "CompiledSignature": "compiled",
+}
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,266 @@
+"""Program -> jax.export per signature, weights passed as arguments (never baked in).
+
+Each signature becomes ``jax.export.export(jax.jit(fn, ...), platforms=...)`` of the lowered
+function ``fn(weights: list, *inputs) -> list``. Dynamic dims become symbolic shapes, one
+``SymbolicScope`` per signature (so inputs that share a dim name share the symbol), with
+the Program's dim ranges as constraints. With a mesh, shardings are exported against an
+``AbstractMesh``: the export needs no devices, and the artifact runs on any mesh of that shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from .artifact import structure
+from .artifact.dtypes import name_to_numpy, torch_to_name
+from .sharding import MeshSpec, PartitionRules, named_sharding
+
+__all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS"]
+
+PLATFORMS = ("tpu", "cpu", "cuda", "rocm")
+_INT32_MAX = 2**31 - 1
+
+
+class ExportError(ValueError):
+    """The program could not be exported as asked (platforms, dtypes, dynamic dims)."""
+
+
+@dataclasses.dataclass
+class ExportedSignature:
+    name: str
+    exported: Any  # jax.export.Exported
+    weight_names: list[str]
+    inputs: list[dict]  # {"name", "shape", "dtype", "sharding"?, "jax_shape"?}
+    outputs: list[dict]
+    input_structure: dict  # artifact.structure of (args, kwargs)
+    output_structure: dict
+    dim_ranges: dict[str, list[int]]
+    export_seconds: float = 0.0
+
+    def serialize(self) -> bytes:
+        return bytes(self.exported.serialize())
+
+
+@dataclasses.dataclass
+class ExportedBundle:
+    """Everything an artifact holds, in memory. ``save`` writes it; ``compile_for`` adds TPU
+    executables; calling it runs it here like the loaded artifact would."""
+
+    signatures: dict[str, ExportedSignature]
+    weights: dict[str, torch.Tensor]  # as stored (dtype cast applied)
+    platforms: tuple[str, ...]
+    fingerprint: str
+    dtype: str | None = None
+    mesh: MeshSpec | None = None
+    rules: PartitionRules | None = None
+    weight_shardings: dict[str, list] = dataclasses.field(default_factory=dict)
+    enable_x64: bool = False
+    compiled: list = dataclasses.field(default_factory=list)  # aot.CompiledTarget
+
+    def save(self, path, **kw):
+        from .artifact import save
+
+        return save(self, path, **kw)
+
+    def compile_for(self, target: str, topology: str | None = None, **kw):
+        from .aot import compile_for
+
+        return compile_for(self, target, topology, **kw)
+
+    def to_program(self):
+        """The runtime program (weights on the device) without a round trip through disk."""
+        from .runtime import TpuProgram
+
+        return TpuProgram.from_bundle(self)
+
+    def __call__(self, *args, signature_name: str | None = None, **kwargs):
+        prog = self.__dict__.get("_program")
+        if prog is None:
+            prog = self.__dict__["_program"] = self.to_program()
+        return prog(*args, signature_name=signature_name, **kwargs)
+
+
+def x64_scope(enabled: bool):
+    """jax's 64-bit mode for the duration of a block (never switched on globally)."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.enable_x64(True)
+
+
+def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=False, mesh=None,
+                   partition_rules=None, signatures=None) -> ExportedBundle:
+    """Lower every signature of ``prog`` (or the named ``signatures``) and export it."""
+    from .lowering import lower_signature
+
+    platforms = _check_platforms(platforms)
+    names = list(signatures) if signatures is not None else list(prog.signatures)
+    lowered = {
+        n: lower_signature(prog, n, dtype=dtype, platforms=platforms, use_pallas=use_pallas) for n in names
+    }
+    return export_lowered(prog, lowered, platforms=platforms, dtype=dtype, mesh=mesh,
+                          partition_rules=partition_rules)
+
+
+def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None, mesh=None,
+                   partition_rules=None) -> ExportedBundle:
+    """Export already-lowered signatures: ``lowered`` maps signature name -> an object with
+    ``fn(weights: list, *inputs) -> list`` and ``weight_names``."""
+    platforms = _check_platforms(platforms)
+    mesh_spec = MeshSpec.of(mesh) if mesh is not None else None
+    rules = PartitionRules.of(partition_rules) if mesh_spec is not None else None
+    if partition_rules is not None and mesh_spec is None:
+        raise ExportError("partition_rules need a mesh; pass mesh={'data': 2, 'model': 2} or similar")
+
+    weights: dict[str, torch.Tensor] = {}
+    for lo in lowered.values():
+        dts = getattr(lo, "weight_dtypes", None) or [None] * len(lo.weight_names)
+        for w, dt in zip(lo.weight_names, dts):
+            if w not in weights:
+                weights[w] = _stored_weight(prog.weights[w], dt, dtype)
+    weight_shardings = {}
+    if mesh_spec is not None:
+        weight_shardings = {w: rules.weight_spec(w, tuple(t.shape), mesh_spec) for w, t in weights.items()}
+
+    sigs = {}
+    with x64_scope(prog.enable_x64):
+        for name, lo in lowered.items():
+            sigs[name] = _export_signature(prog.signature(name), lo, weights, platforms, mesh_spec, rules,
+                                           weight_shardings)
+    return ExportedBundle(
+        signatures=sigs, weights=weights, platforms=platforms, fingerprint=prog.fingerprint(),
+        dtype=dtype, mesh=mesh_spec, rules=rules, weight_shardings=weight_shardings,
+        enable_x64=prog.enable_x64,
+    )
+
+
+def _check_platforms(platforms) -> tuple[str, ...]:
+    platforms = (platforms,) if isinstance(platforms, str) else tuple(platforms)
+    bad = [p for p in platforms if p not in PLATFORMS]
+    if bad or not platforms:
+        raise ExportError(f"unknown platform(s) {bad or platforms}; choose from {PLATFORMS}")
+    return platforms
+
+
+def _stored_weight(t: torch.Tensor, lowered_dtype, dtype) -> torch.Tensor:
+    """The weight in the dtype the lowered function computes it in (bf16 under
+    dtype="bfloat16"), so the artifact stores and ships it at that size."""
+    t = t.detach()
+    if lowered_dtype is not None:
+        want = getattr(torch, str(np.dtype(lowered_dtype)))
+    elif dtype is not None and t.is_floating_point():
+        want = getattr(torch, dtype)
+    else:
+        want = t.dtype
+    return t.to(want) if t.dtype != want else t
+
+
+def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings) -> ExportedSignature:
+    import jax
+    from jax import export
+
+    t0 = time.perf_counter()
+    inputs = [_spec_json(s) for s in sig.inputs]
+    outputs = [_spec_json(s) for s in sig.outputs]
+    ranges = {k: [int(a), int(b)] for k, (a, b) in sig.dim_ranges.items()}
+
+    rename: dict[str, str] = {}  # dyn dim -> expression with the data-axis factor pulled out
+    if mesh is not None:
+        for spec in inputs:
+            spec["sharding"] = rules.batch_spec(tuple(spec["shape"]), mesh, spec["name"])
+            d0 = spec["shape"][0] if spec["shape"] else None
+            if spec["sharding"] and spec["sharding"][0] and isinstance(d0, str):
+                if not re.fullmatch(r"[A-Za-z_]\w*", d0):
+                    spec["sharding"][0] = None  # an expression: leave it whole
+                    continue
+                n = mesh.axis_size(spec["sharding"][0])
+                rename[d0] = f"{n}*{d0}_per_{spec['sharding'][0]}"
+        batch_dims = {s["shape"][0] for s in inputs if s.get("sharding") and s["sharding"][:1] != [None]}
+        for spec in outputs:
+            spec["sharding"] = [None] * len(spec["shape"])
+            if spec["shape"] and spec["shape"][0] in batch_dims:
+                spec["sharding"] = rules.batch_spec(tuple(spec["shape"]), mesh, spec["name"])
+
+    scope = export.SymbolicScope(_constraints(inputs, ranges, rename))
+    in_sds = [jax.ShapeDtypeStruct(_jax_shape(s, rename, scope, sig.name), name_to_numpy(s["dtype"]))
+              for s in inputs]
+    for s in inputs:
+        if rename and any(isinstance(d, str) for d in s["shape"]):
+            s["jax_shape"] = [rename.get(d, d) if isinstance(d, str) else d for d in s["shape"]]
+    w_sds = [jax.ShapeDtypeStruct(tuple(weights[w].shape), name_to_numpy(torch_to_name(weights[w].dtype)))
+             for w in lo.weight_names]
+
+    jit_kw: dict = {"keep_unused": True}
+    if mesh is not None:
+        am = mesh.abstract()
+        jit_kw["in_shardings"] = (
+            [named_sharding(am, weight_shardings[w]) for w in lo.weight_names],
+            *[named_sharding(am, s["sharding"]) for s in inputs],
+        )
+        jit_kw["out_shardings"] = [named_sharding(am, s["sharding"]) for s in outputs]
+
+    out_dtypes = [name_to_numpy(s["dtype"]) for s in outputs]
+
+    def entry(weights_list, *xs):
+        # Outputs keep the model's dtypes (a bf16 export computes in bf16 and returns float32).
+        return [o.astype(dt) if o.dtype != dt else o for o, dt in zip(lo.fn(list(weights_list), *xs), out_dtypes)]
+
+    entry.__name__ = f"sig_{re.sub(r'[^0-9A-Za-z_]', '_', sig.name)}"
+    try:
+        exp = export.export(jax.jit(entry, **jit_kw), platforms=platforms)(w_sds, *in_sds)
+    except Exception as e:  # noqa: BLE001 - surface what jax says with the signature named
+        raise ExportError(f"signature {sig.name!r}: jax.export failed for platforms {platforms}: {e}") from e
+    if len(exp.out_avals) != len(outputs):
+        raise ExportError(f"signature {sig.name!r}: lowering returned {len(exp.out_avals)} outputs, "
+                          f"the program has {len(outputs)}")
+
+    in_names = [s["name"] for s in inputs]
+    out_names = [s["name"] for s in outputs]
+    return ExportedSignature(
+        name=sig.name, exported=exp, weight_names=list(lo.weight_names), inputs=inputs, outputs=outputs,
+        input_structure=structure.from_treespec(sig.in_spec, in_names),
+        output_structure=structure.from_treespec(sig.out_spec, out_names),
+        dim_ranges=ranges, export_seconds=time.perf_counter() - t0,
+    )
+
+
+def _spec_json(s) -> dict:
+    return {"name": s.name, "shape": [d if isinstance(d, str) else int(d) for d in s.shape],
+            "dtype": torch_to_name(s.dtype)}
+
+
+def _constraints(inputs, ranges, rename) -> list[str]:
+    used = {d for s in inputs for d in s["shape"] if isinstance(d, str)}
+    out = []
+    for name, (lo, hi) in ranges.items():
+        if name not in used:
+            continue
+        expr = rename.get(name, name)
+        if lo > 1:
+            out.append(f"{expr} >= {lo}")
+        if hi < _INT32_MAX:
+            out.append(f"{expr} <= {hi}")
+    return out
+
+
+def _jax_shape(spec, rename, scope, sig_name):
+    from jax import export
+
+    if not any(isinstance(d, str) for d in spec["shape"]):
+        return tuple(spec["shape"])
+    text = ", ".join(rename.get(d, d) if isinstance(d, str) else str(d) for d in spec["shape"])
+    try:
+        return export.symbolic_shape(text, scope=scope)
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(
+            f"signature {sig_name!r}: input {spec['name']!r} has dynamic shape {spec['shape']} that jax "
+            f"cannot express as a symbolic shape ({e}). Fix: give that dim a plain torch.export.Dim."
+        ) from e

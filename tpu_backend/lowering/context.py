@@ -1,0 +1,130 @@
+"""What a lowering sees: the node, the avals of its tensor arguments, its output aval(s), options."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from .symbolic_dims import resolve_dim
+
+__all__ = ["LoweringOptions", "LoweringContext", "jnp_dtype", "Aval"]
+
+_TORCH_TO_JNP = {
+    torch.float32: jnp.float32,
+    torch.float64: jnp.float64,
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int8: jnp.int8,
+    torch.int16: jnp.int16,
+    torch.int32: jnp.int32,
+    torch.int64: jnp.int64,
+    torch.uint8: jnp.uint8,
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.uint64: jnp.uint64,
+    torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64,
+    torch.complex128: jnp.complex128,
+}
+
+# Float dtypes that dtype="bfloat16" computes in bf16 (float64 only exists with enable_x64,
+# where the user asked for it explicitly, so it stays).
+_BF16_FROM = {torch.float32, torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringOptions:
+    dtype: str | None = None  # None: the model's dtypes; "bfloat16": floats computed in bf16
+    platforms: tuple = ("tpu", "cpu")
+    use_pallas: bool = False  # hook for tpu_backend.pallas; the plain table ignores it
+    x64: bool = False  # the Program keeps 64-bit values (enable_x64); else they are 32-bit
+
+    def __post_init__(self):
+        if self.dtype not in (None, "bfloat16"):
+            raise ValueError(f"dtype must be None or 'bfloat16', got {self.dtype!r}")
+
+
+# The 64->32 bit policy, applied again here: a value the converter left 64-bit (a folded
+# constant, an unused int64 index output) must not ask jax for a dtype it does not have.
+_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
+
+
+def jnp_dtype(torch_dtype: torch.dtype, options: LoweringOptions | None = None):
+    if options is not None and options.dtype == "bfloat16" and torch_dtype in _BF16_FROM:
+        return jnp.dtype(jnp.bfloat16)
+    if options is None or not options.x64:
+        torch_dtype = _NARROW.get(torch_dtype, torch_dtype)
+    try:
+        return jnp.dtype(_TORCH_TO_JNP[torch_dtype])
+    except KeyError:
+        raise TypeError(f"dtype {torch_dtype} has no JAX equivalent") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Aval:
+    shape: tuple  # ints and, under jax.export shape polymorphism, symbolic dims
+    dtype: Any  # a numpy/jnp dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclasses.dataclass
+class LoweringContext:
+    node: torch.fx.Node
+    in_avals: list  # Aval of each jax-array argument, in argument order
+    options: LoweringOptions
+    sym_env: dict = dataclasses.field(default_factory=dict, repr=False)  # torch symbol -> jax dim
+
+    def _aval(self, val) -> Aval | None:
+        if not isinstance(val, torch.Tensor):
+            return None
+        shape = tuple(resolve_dim(d, self.sym_env) for d in val.shape)
+        return Aval(shape, jnp_dtype(val.dtype, self.options))
+
+    @functools.cached_property
+    def out_aval(self) -> Aval:
+        """The output aval (the first one for multi-output ops)."""
+        val = self.node.meta["val"]
+        if isinstance(val, (tuple, list)):
+            val = val[0]
+        return self._aval(val)
+
+    @functools.cached_property
+    def out_avals(self) -> tuple:
+        val = self.node.meta["val"]
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        return tuple(self._aval(v) for v in vals)
+
+    @property
+    def out_dtype(self):
+        return self.out_aval.dtype
+
+    @property
+    def out_shape(self) -> tuple:
+        return self.out_aval.shape
+
+    def precision(self, dtype=None):
+        """Full-precision matmul/conv passes for f32 (TPUs default to bf16 passes, which would
+        break fp32 parity); the default for bf16/f16 compute."""
+        dtype = jnp.dtype(dtype if dtype is not None else self.out_dtype)
+        if dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+            return jax.lax.Precision.HIGHEST
+        return None
+
+    def arg_meta(self, i: int):
+        """The fake tensor (or value) of the node's i-th positional argument."""
+        a = self.node.args[i] if i < len(self.node.args) else None
+        return a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+
+    def used_outputs(self) -> set:
+        """Indices of a multi-output node's results that some getitem reads."""
+        import operator
+
+        return {u.args[1] for u in self.node.users if u.target is operator.getitem}

@@ -1,0 +1,274 @@
+"""Program signature -> a pure JAX function, by table dispatch over the fx graph's nodes."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from converter.errors import ConversionError, source_line
+from converter.program import Program, Signature
+from converter.registry import op_name
+from converter.support import check_support, unsupported_ops
+
+from . import all_ops  # noqa: F401  (fills JAX_LOWERINGS)
+from .context import Aval, LoweringContext, LoweringOptions, jnp_dtype
+from .helpers import cast, is_array
+from .registry import JAX_LOWERINGS, KERNEL_HOOKS
+from .symbolic_dims import symbols_of_inputs
+
+__all__ = ["LoweredSignature", "LoweringError", "lower_signature", "is_supported", "unsupported"]
+
+
+class LoweringError(ConversionError):
+    """A lowering failed on a node it claimed to support (a bug or an argument it cannot take)."""
+
+
+def is_supported(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return True
+    fn = JAX_LOWERINGS.get(node.target)
+    if fn is None:
+        return False
+    pred = getattr(fn, "supports", None)
+    return bool(pred(node)) if pred is not None else True
+
+
+def unsupported(prog: Program) -> dict[str, list[str]]:
+    """op name -> user source lines of every node the TPU table cannot lower."""
+    return unsupported_ops(prog, is_supported)
+
+
+@dataclasses.dataclass
+class _Step:
+    node: torch.fx.Node
+    fn: Callable
+    args: list  # schema-ordered arguments; fx Nodes stand for values computed earlier
+
+
+def _with_hook(hook, fallback):
+    def lower(ctx, *args):
+        out = hook(ctx, *args)
+        return fallback(ctx, *args) if out is NotImplemented else out
+
+    return lower
+
+
+def _lowering_of(node, options):
+    fn = JAX_LOWERINGS.get(node.target)
+    hook = KERNEL_HOOKS.get(node.target) if options.use_pallas else None
+    return _with_hook(hook, fn) if hook is not None else fn
+
+
+def _normalize_args(node: torch.fx.Node) -> list:
+    """Schema-ordered arguments with defaults filled (kwarg-only ones after the positional)."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is None:  # python operator on SymInts / getitem
+        if node.kwargs:
+            raise LoweringError(f"{op_name(target)}: unexpected keyword arguments {dict(node.kwargs)}")
+        return list(node.args)
+    out = []
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            out.append(node.args[i])
+        elif arg.name in node.kwargs:
+            out.append(node.kwargs[arg.name])
+        elif arg.has_default_value():
+            out.append(arg.default_value)
+        elif isinstance(arg.type, torch.OptionalType):
+            out.append(None)
+        else:
+            raise LoweringError(f"{op_name(target)}: argument {arg.name!r} missing at {source_line(node)}")
+    return out
+
+
+_BF16_MAX = 3.3895313892515355e38
+
+
+def _saturate_bf16(a):
+    """Python floats beyond bf16's range (torch.finfo(float32).min as a mask value) saturate to
+    bf16's largest finite value instead of becoming inf, so (1 - mask) * min stays 0, not NaN."""
+    if isinstance(a, float) and abs(a) > _BF16_MAX and a not in (float("inf"), float("-inf")):
+        return _BF16_MAX if a > 0 else -_BF16_MAX
+    if isinstance(a, (list, tuple)):
+        return type(a)(_saturate_bf16(x) for x in a)
+    return a
+
+
+def _substitute(a, env):
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, tuple):
+        return tuple(_substitute(x, env) for x in a)
+    if isinstance(a, list):
+        return [_substitute(x, env) for x in a]
+    return a
+
+
+def _avals(args) -> list:
+    found = []
+
+    def visit(a):
+        if is_array(a):
+            found.append(Aval(tuple(a.shape), a.dtype))
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                visit(x)
+
+    visit(args)
+    return found
+
+
+def _cast_result(out, val, options):
+    if isinstance(val, torch.Tensor):
+        if out is None:
+            raise LoweringError("lowering returned None for a tensor output")
+        return cast(out, jnp_dtype(val.dtype, options))
+    if isinstance(val, (tuple, list)):
+        return tuple(_cast_result(o, v, options) if o is not None else None for o, v in zip(out, val))
+    return out  # SymInt / python number
+
+
+@dataclasses.dataclass
+class LoweredSignature:
+    """One signature as a JAX function. ``fn(weights, *inputs)`` takes the weights in
+    ``weight_names`` order and the inputs in ``signature.inputs`` order, and returns the outputs
+    flat in ``signature.outputs`` order; it casts what it is given to ``weight_dtypes`` /
+    ``input_dtypes`` (e.g. int64 ids to int32, f32 to bf16 under dtype="bfloat16")."""
+
+    signature: Signature
+    weight_names: list[str]
+    options: LoweringOptions
+    x64: bool  # callers must trace/run ``fn`` under ``jax.enable_x64(True)`` when set
+    weight_dtypes: list  # jnp dtypes ``fn`` computes its weights in
+    weight_shapes: list
+    input_dtypes: list
+    output_dtypes: list
+    fn: Callable = dataclasses.field(repr=False)  # fn(weights: list, *inputs) -> list of outputs
+
+    def dim_constraints(self) -> list[str]:
+        """jax.export constraints ("batch >= 2", "batch <= 64") from the signature's dim ranges."""
+        used = {d for spec in self.signature.inputs for d in spec.shape if isinstance(d, str)}
+        out = []
+        for name, (lo, hi) in sorted(self.signature.dim_ranges.items()):
+            if name not in used or not name.isidentifier():
+                continue
+            if lo > 1:
+                out.append(f"{name} >= {lo}")
+            if hi < 2**31 - 1:
+                out.append(f"{name} <= {hi}")
+        return out
+
+    def weight_arrays(self, prog: Program) -> list:
+        """The program's weights for this signature as numpy arrays in ``weight_dtypes``."""
+        import numpy as np
+
+        out = []
+        for name, dt in zip(self.weight_names, self.weight_dtypes):
+            w = prog.weights[name].detach().cpu()
+            if w.dtype == torch.bfloat16:
+                w = w.float()
+            out.append(np.asarray(w.numpy()).astype(dt))
+        return out
+
+    def abstract_args(self, scope=None) -> tuple[list, list]:
+        """(weights, inputs) as ``jax.ShapeDtypeStruct``; dynamic dims become jax.export
+        symbolic dims in one scope (equal names are equal dims) that carries torch's range
+        for each dim (jax assumes >= 1 by itself), so e.g. ``x[-2:]`` on a dim known >= 2
+        lowers, and calls outside the range are refused as torch would refuse them."""
+        from jax import export
+
+        if scope is None:
+            scope = export.SymbolicScope(self.dim_constraints())
+        ws = []
+        for shape, dt in zip(self.weight_shapes, self.weight_dtypes):
+            ws.append(jax.ShapeDtypeStruct(tuple(shape), dt))
+        ins = []
+        for spec, dt in zip(self.signature.inputs, self.input_dtypes):
+            if spec.is_dynamic:
+                shape = export.symbolic_shape(",".join(str(d) for d in spec.shape), scope=scope)
+            else:
+                shape = tuple(spec.shape)
+            ins.append(jax.ShapeDtypeStruct(shape, dt))
+        return ws, ins
+
+
+def lower_signature(
+    prog: Program,
+    signature_name: str | None = None,
+    *,
+    dtype: str | None = None,
+    platforms=("tpu", "cpu"),
+    use_pallas: bool = False,
+) -> LoweredSignature:
+    """Build the JAX function of one signature. Checks support of the whole program first, so
+    every missing op is reported at once, before anything is written."""
+    check_support(prog, "tpu", is_supported)
+    options = LoweringOptions(dtype=dtype, platforms=tuple(platforms), use_pallas=use_pallas,
+                              x64=bool(prog.enable_x64))
+    sig = prog.signature(signature_name)
+    weight_nodes = sig.weight_nodes()
+    input_nodes = sig.input_nodes()
+    out_nodes = sig.output_nodes()
+    steps = [
+        _Step(n, _lowering_of(n, options), _normalize_args(n))
+        for n in sig.graph.nodes
+        if n.op == "call_function"
+    ]
+    if options.dtype == "bfloat16":
+        for step in steps:
+            step.args = _saturate_bf16(step.args)
+    w_dtypes = [jnp_dtype(prog.weights[w].dtype, options) for w in sig.weight_names]
+    in_dtypes = [jnp_dtype(s.dtype, options) for s in sig.inputs]
+    out_dtypes = [jnp_dtype(s.dtype, options) for s in sig.outputs]
+    x64 = options.x64
+
+    def run(weights, *inputs):
+        if len(weights) != len(weight_nodes) or len(inputs) != len(input_nodes):
+            raise TypeError(
+                f"signature {sig.name!r} takes {len(weight_nodes)} weights and {len(input_nodes)} inputs; "
+                f"got {len(weights)} and {len(inputs)}"
+            )
+        env = {}
+        for node, w, dt in zip(weight_nodes, weights, w_dtypes):
+            env[node] = cast(jnp.asarray(w), dt)
+        for node, x, dt in zip(input_nodes, inputs, in_dtypes):
+            env[node] = cast(jnp.asarray(x), dt)
+        sym_env = symbols_of_inputs(input_nodes, [env[n] for n in input_nodes])
+        for step in steps:
+            args = _substitute(step.args, env)
+            ctx = LoweringContext(step.node, _avals(args), options, sym_env)
+            try:
+                out = step.fn(ctx, *args)
+                env[step.node] = _cast_result(out, step.node.meta.get("val"), options)
+            except LoweringError:
+                raise
+            except Exception as e:  # noqa: BLE001 - re-raised with the op and the user's line
+                raise LoweringError(
+                    f"lowering {op_name(step.node.target)} (node {step.node.name}) failed: "
+                    f"{type(e).__name__}: {e}\n    at {source_line(step.node)}"
+                ) from e
+        return [env[n] for n in out_nodes]
+
+    def fn(weights, *inputs):
+        if x64:
+            with jax.enable_x64(True):
+                return run(weights, *inputs)
+        return run(weights, *inputs)
+
+    return LoweredSignature(
+        signature=sig,
+        weight_names=list(sig.weight_names),
+        options=options,
+        x64=x64,
+        weight_dtypes=w_dtypes,
+        weight_shapes=[tuple(prog.weights[w].shape) for w in sig.weight_names],
+        input_dtypes=in_dtypes,
+        output_dtypes=out_dtypes,
+        fn=fn,
+    )
+

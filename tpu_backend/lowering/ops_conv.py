@@ -1,0 +1,70 @@
+"""aten.convolution: 1/2/3-d, strided, padded, dilated, grouped and transposed, on
+lax.conv_general_dilated in torch's channels-first layout (XLA picks the TPU layout)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+import torch
+
+from .helpers import cast, ntuple
+from .registry import lowering
+
+aten = torch.ops.aten
+
+_SPATIAL = "DHW"
+
+
+def _dimension_numbers(nd: int):
+    sp = _SPATIAL[-nd:] if nd <= 3 else None
+    if sp is None:
+        raise NotImplementedError(f"{nd}-d convolution")
+    return ("NC" + sp, "OI" + sp, "NC" + sp)
+
+
+def _transposed_kernel(w, groups: int, nd: int):
+    """torch's (Cin, Cout/g, k...) transposed-conv weight -> the (Cout, Cin/g, k...) kernel of the
+    equivalent direct conv: swap in/out per group and flip every spatial axis."""
+    cin, cout_g = w.shape[0], w.shape[1]
+    k = w.shape[2:]
+    w = w.reshape((groups, cin // groups, cout_g) + tuple(k))
+    w = jnp.swapaxes(w, 1, 2).reshape((groups * cout_g, cin // groups) + tuple(k))
+    return jnp.flip(w, axis=tuple(range(2, 2 + nd)))
+
+
+# aten::convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,
+#     SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
+@lowering(aten.convolution.default)
+def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    dt = ctx.out_dtype
+    x, weight = cast(x, dt), cast(weight, dt)
+    unbatched = x.ndim == weight.ndim - 1
+    if unbatched:
+        x = x[None]
+    nd = weight.ndim - 2
+    stride, dilation = ntuple(stride, nd), ntuple(dilation, nd)
+    padding, output_padding = ntuple(padding, nd), ntuple(output_padding, nd)
+    dn = _dimension_numbers(nd)
+    if not transposed:
+        y = lax.conv_general_dilated(
+            x, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
+            dimension_numbers=dn, feature_group_count=groups, precision=ctx.precision(),
+        )
+    else:
+        # A transposed conv is the direct conv of the stride-dilated input with the flipped kernel,
+        # padded by dilation*(k-1)-padding (+output_padding on the high side).
+        kernel = _transposed_kernel(weight, groups, nd)
+        k = weight.shape[2:]
+        pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op)
+                for kk, d, p, op in zip(k, dilation, padding, output_padding)]
+        crop = [(max(-lo, 0), max(-hi, 0)) for lo, hi in pads]
+        y = lax.conv_general_dilated(
+            x, kernel, window_strides=(1,) * nd, padding=[(max(lo, 0), max(hi, 0)) for lo, hi in pads],
+            lhs_dilation=stride, rhs_dilation=dilation, dimension_numbers=dn, feature_group_count=groups,
+            precision=ctx.precision(),
+        )
+        if any(c != (0, 0) for c in crop):
+            y = y[(slice(None), slice(None)) + tuple(slice(lo, y.shape[2 + i] - hi) for i, (lo, hi) in enumerate(crop))]
+    if bias is not None:
+        y = y + cast(bias, dt).reshape((1, -1) + (1,) * nd)
+    return y[0] if unbatched else y

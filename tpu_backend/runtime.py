@@ -1,0 +1,265 @@
+"""Run an artifact through PJRT: ``tpu_backend.load(path)(*args, signature_name=...)``.
+
+Weights go to the device once, at load. Each call converts the inputs (torch tensors or numpy
+arrays, in the dtypes torch uses: int64 ids become the signature's int32) and returns torch
+tensors in the output's pytree. The program runs on jax's default backend (TPU, GPU, else
+CPU). When the artifact holds an executable compiled for exactly this chip, libtpu/jaxlib
+version and input shapes, that executable is loaded and run; otherwise the StableHLO is
+compiled here (logged once per program, with the reason).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import torch
+
+from .artifact import structure
+from .artifact.dtypes import name_to_numpy, numpy_to_torch, torch_to_numpy_array
+from .artifact.versions import runtime_versions
+from .export import x64_scope
+from .sharding import MeshSpec, named_sharding
+
+__all__ = ["load", "TpuProgram", "current_platform"]
+
+log = logging.getLogger(__name__)
+_I32 = np.iinfo(np.int32)
+_NARROW = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.float32)}
+
+
+def load(path, *, verify: bool = True, use_compiled: bool = True) -> "TpuProgram":
+    """Load an artifact (directory or .zip) and put its weights on the device.
+
+    ``use_compiled=False`` never loads stored executables (they are machine code for the
+    TPU; load them only from artifacts you trust as much as code)."""
+    from .artifact.load import read_artifact
+
+    art = read_artifact(path, verify=verify)
+    return TpuProgram(
+        signatures=art.signatures, weights=art.weights, manifest=art.manifest, compiled=art.compiled,
+        source=os.fspath(path), use_compiled=use_compiled,
+    )
+
+
+def current_platform(devices) -> str:
+    p = devices[0].platform
+    return {"gpu": "cuda"}.get(p, p)
+
+
+class TpuProgram:
+    """A loaded TPU artifact, called like the edge ``Model``."""
+
+    def __init__(self, *, signatures, weights, manifest, compiled, source, use_compiled=True):
+        import jax
+
+        self.source = source
+        self.manifest = manifest
+        self._sigs = signatures
+        self._compiled = compiled if use_compiled else []
+        self._x64 = bool(manifest.get("enable_x64"))
+        self.mesh_spec = MeshSpec.from_json(manifest["mesh"]) if manifest.get("mesh") else None
+        self.devices = jax.devices()
+        self.platform = current_platform(self.devices)
+        if self.platform not in manifest["platforms"]:
+            raise RuntimeError(
+                f"{source}: exported for platforms {manifest['platforms']}, but jax runs on {self.platform} here. "
+                f"Re-export with platforms including {self.platform!r}."
+            )
+        self.mesh = self.mesh_spec.concrete(self.devices) if self.mesh_spec else None
+        table = manifest["weights"]["tensors"]
+        with x64_scope(self._x64):
+            self._weights = {
+                name: jax.device_put(np.asarray(a), self._placement(table[name].get("sharding")), may_alias=False)
+                for name, a in weights.items()
+            }
+        self._runners: dict = {}
+        self._said = False
+
+    @classmethod
+    def from_bundle(cls, bundle) -> "TpuProgram":
+        """Run an in-memory ExportedBundle (no disk round trip) exactly as a loaded artifact."""
+        manifest = {
+            "platforms": list(bundle.platforms), "enable_x64": bundle.enable_x64,
+            "mesh": bundle.mesh.to_json() if bundle.mesh else None,
+            "weights": {"tensors": {n: {"sharding": bundle.weight_shardings.get(n)} for n in bundle.weights}},
+        }
+        weights = {n: torch_to_numpy_array(t) for n, t in bundle.weights.items()}
+        return cls(signatures=bundle.signatures, weights=weights, manifest=manifest, compiled=bundle.compiled,
+                   source="<in-memory bundle>")
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def signature_names(self) -> list[str]:
+        return list(self._sigs)
+
+    def signature(self, name: str | None = None):
+        if name is None:
+            name = "serving_default" if "serving_default" in self._sigs else next(iter(self._sigs))
+        try:
+            return self._sigs[name]
+        except KeyError:
+            raise KeyError(f"no signature {name!r}; this artifact has {sorted(self._sigs)}") from None
+
+    def uses_stored_executable(self, signature_name: str | None = None) -> bool:
+        sig = self.signature(signature_name)
+        r = self._runners.get(sig.name)
+        return bool(r and r.stored)
+
+    def __call__(self, *args, signature_name: str | None = None, **kwargs):
+        sig = self.signature(signature_name)
+        flat = self._flatten(sig, args, kwargs)
+        xs = [self._convert(sig, spec, x) for spec, x in zip(sig.inputs, flat)]
+        with x64_scope(self._x64):
+            dev_xs = [self._put_input(spec, x) for spec, x in zip(sig.inputs, xs)]
+            runner = self._runner(sig, [list(x.shape) for x in xs])
+            outs = runner([self._weights[w] for w in sig.weight_names], dev_xs)
+        leaves = [numpy_to_torch(np.asarray(o)) for o in outs]
+        return structure.unflatten(sig.output_structure, leaves)
+
+    # ------------------------------------------------------------------ inputs
+
+    def _flatten(self, sig, args, kwargs) -> list:
+        names = [s["name"] for s in sig.inputs]
+        try:
+            return structure.flatten(sig.input_structure, (tuple(args), dict(kwargs)))
+        except TypeError as err:
+            if not kwargs and len(args) == len(names):  # flat positional tensors, in input order
+                return list(args)
+            if not args and set(kwargs) == set(names):  # every input by its name
+                return [kwargs[n] for n in names]
+            raise TypeError(f"signature {sig.name!r} takes inputs {names}: {err}") from None
+
+    def _convert(self, sig, spec, x) -> np.ndarray:
+        if isinstance(x, torch.Tensor):
+            a = torch_to_numpy_array(x)
+        else:
+            a = np.asarray(x)
+        want = name_to_numpy(spec["dtype"])
+        if a.dtype != want:
+            if _NARROW.get(a.dtype) == want:
+                if want == np.int32 and a.size and (a.min() < _I32.min or a.max() > _I32.max):
+                    raise ValueError(f"input {spec['name']!r}: int64 values outside the int32 range the "
+                                     f"program uses ([{a.min()}, {a.max()}])")
+            elif not np.can_cast(a.dtype, want, "same_kind"):
+                raise TypeError(f"input {spec['name']!r} is {a.dtype}; signature {sig.name!r} takes {spec['dtype']}")
+            a = a.astype(want)
+        shape = spec["shape"]
+        if a.ndim != len(shape):
+            raise ValueError(f"input {spec['name']!r} has shape {list(a.shape)}; signature {sig.name!r} takes {shape}")
+        for i, (d, n) in enumerate(zip(shape, a.shape)):
+            if isinstance(d, int) and d != n:
+                raise ValueError(f"input {spec['name']!r} has shape {list(a.shape)}; signature {sig.name!r} takes "
+                                 f"{shape} (dim {i} must be {d})")
+            if isinstance(d, str) and d in sig.dim_ranges:
+                lo, hi = sig.dim_ranges[d]
+                if not lo <= n <= hi:
+                    raise ValueError(f"input {spec['name']!r}: dim {i} ({d}) is {n}, outside its range [{lo}, {hi}]")
+        sh = spec.get("sharding")
+        if sh and self.mesh_spec is not None:
+            for i, e in enumerate(sh):
+                if e is not None and a.shape[i] % self.mesh_spec.axis_size(e):
+                    raise ValueError(f"input {spec['name']!r}: dim {i} is {a.shape[i]}, which does not split over "
+                                     f"mesh axis {e!r} ({self.mesh_spec.axis_size(e)} devices)")
+        return a
+
+    def _placement(self, sharding):
+        if self.mesh is None:
+            return self.devices[0]
+        return named_sharding(self.mesh, sharding if sharding is not None else [])
+
+    def _put_input(self, spec, a):
+        import jax
+
+        return jax.device_put(a, self._placement(spec.get("sharding")))
+
+    # ------------------------------------------------------------------ execution
+
+    def _runner(self, sig, shapes):
+        key = (sig.name, tuple(map(tuple, shapes)))
+        r = self._runners.get(key)
+        if r is None:
+            stored, reason = self._find_stored(sig, shapes)
+            if stored is not None:
+                r = _StoredRunner(stored, self, sig)
+                log.info("%s: signature %r runs the stored executable for %s", self.source, sig.name, stored[0].key)
+            else:
+                r = _JitRunner(sig)
+                if not self._said:
+                    self._said = True
+                    level = logging.WARNING if self.platform == "tpu" and self._compiled else logging.INFO
+                    log.log(level, "%s: compiling the StableHLO for %s (%s); no stored executable used: %s",
+                            self.source, self.platform, self.devices[0].device_kind, reason)
+            self._runners[key] = r
+            self._runners[sig.name] = r
+        return r
+
+    def _find_stored(self, sig, shapes):
+        if not self._compiled:
+            return None, "the artifact has no compiled executables"
+        here = runtime_versions()
+        reasons = []
+        for c in self._compiled:
+            cs = c.signatures.get(sig.name)
+            why = None
+            if c.platform != self.platform:
+                why = f"{c.key} is for {c.platform}"
+            elif c.device_kind != self.devices[0].device_kind:
+                why = f"{c.key} is for {c.device_kind}, this device is {self.devices[0].device_kind}"
+            elif any(c.versions.get(k) != here.get(k) for k in (("jaxlib", "libtpu") if c.platform == "tpu" else ("jaxlib",))):
+                why = f"{c.key} was built with {c.versions}, this host has {here}"
+            elif c.num_devices > len(self.devices) or (self.mesh_spec and c.num_devices != self.mesh_spec.size):
+                why = f"{c.key} needs {c.num_devices} devices"
+            elif cs is None:
+                why = f"{c.key} has no executable for {sig.name!r}"
+            elif cs.input_shapes[len(sig.weight_names):] != shapes:
+                why = f"{c.key} was compiled for input shapes {cs.input_shapes[len(sig.weight_names):]}, got {shapes}"
+            if why is None:
+                return (c, cs), ""
+            reasons.append(why)
+        return None, "; ".join(reasons)
+
+
+class _JitRunner:
+    stored = False
+
+    def __init__(self, sig):
+        import jax
+
+        self.fn = jax.jit(sig.exported.call, keep_unused=True)
+
+    def __call__(self, weights, xs):
+        return self.fn(weights, *xs)
+
+
+class _StoredRunner:
+    """Runs raw PJRT executable bytes (no pickle): deserialize for the devices, execute."""
+
+    stored = True
+
+    def __init__(self, stored, prog: TpuProgram, sig):
+        from jax._src.lib import xla_client as xc
+
+        target, cs = stored
+        devices = list(prog.mesh.devices.flat) if prog.mesh is not None else prog.devices[: target.num_devices]
+        self.loaded = devices[0].client.deserialize_executable(cs.executable, xc.DeviceList(tuple(devices)))
+        self.prog, self.sig = prog, sig
+
+    def __call__(self, weights, xs):
+        import jax
+
+        results = self.loaded.execute_sharded(list(weights) + list(xs))
+        shards = results.disassemble_into_single_device_arrays()
+        if self.prog.mesh is None:
+            return [s[0] for s in shards]
+        outs = []
+        for spec, parts in zip(self.sig.outputs, shards):
+            sh = spec.get("sharding") or []
+            local = parts[0].shape
+            shape = tuple(n * (self.prog.mesh_spec.axis_size(e) if i < len(sh) and sh[i] else 1)
+                          for i, (n, e) in enumerate(zip(local, sh + [None] * len(local))))
+            outs.append(jax.make_array_from_single_device_arrays(shape, named_sharding(self.prog.mesh, sh), parts))
+        return outs
+
