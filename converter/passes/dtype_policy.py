@@ -44,13 +44,14 @@ def apply_dtype_policy(prog: Program) -> None:
             if n.op != "call_function":
                 continue
             val = n.meta.get("val")
-            out_is_64 = isinstance(val, torch.Tensor) and val.dtype in NARROW
+            leaves = [v for v in torch.utils._pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+            out_is_64 = any(v.dtype in NARROW for v in leaves)  # tuples too: topk/sort/max.dim indices
             if "dtype" in n.kwargs and n.kwargs["dtype"] in NARROW:
                 n.kwargs = {**n.kwargs, "dtype": _narrow_dtype(n.kwargs["dtype"])}
                 touched = True
             if out_is_64:
                 touched = True
-                if val.dtype == torch.int64:
+                if any(v.dtype == torch.int64 for v in leaves):
                     for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs)):
                         if isinstance(a, int) and not isinstance(a, bool) and not (_I32[0] <= a <= _I32[1]):
                             raise DtypePolicyError(

@@ -11,6 +11,7 @@ import operator
 
 import torch
 
+from ..interpret import call_narrowed
 from ..program import Program
 from ._util import add_weight, weight_of
 
@@ -46,7 +47,9 @@ def fold_constants(prog: Program) -> None:
                 continue
             args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: values[a])
             try:
-                values[n] = n.target(*args, **kwargs)
+                # under the 32-bit policy, computed exactly as the narrowed graph would (arange's
+                # default int64 becomes int32, as the node's meta value already says)
+                values[n] = n.target(*args, **kwargs) if prog.enable_x64 else call_narrowed(n.target, args, kwargs)
             except Exception:  # noqa: BLE001 - leave it to the backend
                 continue
             cost[n] = sum(cost[i] for i in inputs)

@@ -368,3 +368,20 @@ def test_dynamic_dim_with_sample_size_one_explains_the_fix():
     with pytest.raises(converter.ExportFailedError) as e:
         prepare(m, (_x(1, 3, 8, 8),), dynamic_shapes=({0: batch},))
     assert "size 0 or 1" in str(e.value) and "size >= 2" in str(e.value)
+
+
+def test_folded_constants_and_multi_output_indices_follow_the_32bit_policy():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            vals, idx = torch.topk(x, 2)
+            return x + torch.arange(x.shape[-1]) % 3, idx
+
+    x = _x(2, 5)
+    prog = prepare(M(), (x,))
+    assert all(w.dtype != torch.int64 for w in prog.weights.values()), {k: w.dtype for k, w in prog.weights.items()}
+    for n in prog.signature().graph.nodes:
+        for v in pytree.tree_leaves(n.meta.get("val")):
+            if isinstance(v, torch.Tensor):
+                assert v.dtype != torch.int64, n
+    assert prog.signature().outputs[1].dtype == torch.int32
+    assert_matches(prog, M(), (x,))
