@@ -46,7 +46,7 @@ _WHERE = {
     "UnsupportedOpsError": "errors",
     "DtypePolicyError": "errors",
     "UnsupportedOutputError": "errors",
-    "convert": "convert",
+    "convert": "multi_target",
 }
 
 

@@ -55,7 +55,7 @@ def load_model_spec(spec: str):
 
 
 def cmd_convert(a) -> int:
-    from converter.convert import convert
+    from converter.multi_target import convert
 
     module, args, kwargs = load_model_spec(a.model)
     dyn = None

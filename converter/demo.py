@@ -54,7 +54,7 @@ def _run(path, args):
 
 def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None) -> int:
     from .cli import _progress
-    from .convert import convert
+    from .multi_target import convert
 
     targets = list(targets or DEFAULT_TARGETS)
     say = _progress(quiet)

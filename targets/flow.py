@@ -1,7 +1,7 @@
 """The conversion flow's hook for edge targets: converter.convert's backend protocol over targets.package.
 
-converter/convert.py calls ``BACKENDS["edge"].write_for_target(prog, target, out_dir, options, say)``
-and expects ``(path, info)``; edge.target_writer can forward to ``write_edge_target`` below.
+converter/multi_target.py (converter.convert) calls ``BACKENDS["edge"].write_for_target(prog, target, out_dir, options, say)``
+and expects ``(path, info)``; targets.backends.EdgeBackend forwards to ``write_edge_target`` below.
 """
 
 from __future__ import annotations
@@ -33,20 +33,14 @@ def write_edge_target(prog, target, out_dir: str, options: dict, say=None) -> tu
     if "to_channel_last_io" in opts:
         kw["channel_last"] = opts.pop("to_channel_last_io")
     strict = bool(opts.pop("strict_ops", False))
-    quant = opts.pop("quant_config", None)
-    if quant in ("fp16", "float16"):
-        if t.name not in ("android", "ios"):
-            raise ValueError(f"fp16 weights are for the GPU delegates (android, ios), not {t.name!r}")
-        kw["fp16_weights"] = True
-    elif quant is not None and not (t.name == "iot" and quant in ("static_int8", "int8")):
-        raise ValueError(f"target {t.name!r}: quant_config {quant!r} is not handled by targets "
-                         "(android/ios: 'fp16'; iot: always full-integer int8 'static_int8')")
+    # quant_config / calibration_data: package() checks the scheme against the target's runtime
+    for k in ("quant_config", "calibration_data", "fp16_weights"):
+        if k in opts:
+            kw[k] = opts.pop(k)
     if t.name == "iot":
-        for k in ("calibration_data", "verify_inputs", "flash_kib", "ram_kib"):
+        for k in ("verify_inputs", "flash_kib", "ram_kib"):
             if k in opts:
                 kw[k] = opts.pop(k)
-    elif "fp16_weights" in opts:
-        kw["fp16_weights"] = opts.pop("fp16_weights")
     if opts:
         raise TypeError(f"target {t.name!r} does not take option(s) {', '.join(sorted(opts))}")
     sub = os.path.join(out_dir, t.name)

@@ -1,0 +1,102 @@
+"""One call, both outputs: capture once, write a TPU artifact and a .tflite, both match torch."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter.cli import main
+from converter.demo import max_rel_err
+from converter.demo_models import small_transformer
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(12, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x, scale):
+        h = torch.nn.functional.gelu(self.fc1(x))
+        return {"logits": self.fc2(h) * scale, "hidden": h}
+
+
+def _args():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(2, 12, generator=g), torch.rand(1, generator=g) + 0.5
+
+
+def test_convert_writes_both_outputs_and_each_matches_torch(tmp_path):
+    import litert_torch
+    import tpu_backend
+
+    m, args = Net().eval(), _args()
+    written = converter.convert(m, args, targets=["tpu-v6e", "android"], out_dir=tmp_path, topology="2x2")
+    assert set(written) == {"tpu-v6e", "android"}
+    want = m(*args)
+    tpu_out = tpu_backend.load(written["tpu-v6e"])(*args)
+    edge_out = litert_torch.load(written["android"])(*args)
+    assert set(tpu_out) == {"logits", "hidden"} and set(edge_out) == {"logits", "hidden"}
+    assert max_rel_err(tpu_out, want) <= 1e-5
+    assert max_rel_err(edge_out, want) <= 1e-5
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["targets"]["tpu-v6e"]["aot"]["topology"] == "2x2"
+    assert summary["targets"]["android"]["bytes"] == os.path.getsize(written["android"])
+    rep = tpu_backend.read_artifact(written["tpu-v6e"]).reports()
+    assert any("tpu-v6e" in k for k in rep)
+
+
+def test_unsupported_op_fails_before_anything_is_written(tmp_path):
+    class Bad(torch.nn.Module):
+        def forward(self, x):
+            return torch.fft.rfft(x).abs()  # no lowering on either backend
+
+    out = tmp_path / "out"
+    with pytest.raises(converter.UnsupportedOpsError) as e:
+        converter.convert(Bad(), (torch.randn(8),), targets=["cpu-xla", "cpu"], out_dir=out)
+    assert "_fft_r2c" in str(e.value) and "test_convert_both.py" in str(e.value)
+    assert not out.exists()
+
+
+def test_unknown_option_and_target_fail_before_capture(tmp_path):
+    with pytest.raises(TypeError, match="unknown option"):
+        converter.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "a", bogus=1)
+    with pytest.raises(ValueError, match="known targets"):
+        converter.convert(Net(), _args(), targets=["tpu-v99"], out_dir=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_cli_convert_inspect_run_round_trip(tmp_path, capsys):
+    m, args = small_transformer()
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(m, args), str(pt2))
+    out = tmp_path / "out"
+    assert main(["convert", str(pt2), "--target", "cpu-xla", "--target", "cpu", "-o", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    tflite = out / "cpu" / "cpu.tflite"
+    tpuexp = out / "cpu-xla" / "model.tpuexp"
+    assert str(tflite) in printed and str(tpuexp) in printed
+    assert main(["inspect", str(tflite)]) == 0
+    text = capsys.readouterr().out
+    assert "op histogram" in text and "FULLY_CONNECTED" in text and "input_ids" in text
+    assert main(["inspect", str(tpuexp)]) == 0
+    text = capsys.readouterr().out
+    assert "stablehlo.dot_general" in text and "input_ids" in text
+    ids = tmp_path / "ids.npy"
+    np.save(ids, args[0].numpy())
+    for art in (tflite, tpuexp):
+        res = tmp_path / f"{art.name}.npz"
+        assert main(["run", str(art), "--input", f"input_ids={ids}", "--save-outputs", str(res)]) == 0
+        got = np.load(res)["output_0"]
+        assert max_rel_err(torch.from_numpy(got), m(*args)) <= 1e-5
+
+
+def test_cli_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
+    rc = main(["inspect", str(tmp_path / "missing.tflite")])
+    assert rc != 0
+    err = capsys.readouterr().err
+    assert err.startswith("tpu-export: error:") and "missing.tflite" in err and "Traceback" not in err
