@@ -60,7 +60,8 @@ def latency_ms(path, inputs, runs, params):
     def position(n):  # ours: forward's parameter names; the peer: args_0, args_1, ...
         return params.index(n) if n in params else int(n.rsplit("_", 1)[-1])
 
-    feed = {n: inputs[position(n)] for n in names}
+    details = runner.get_input_details()
+    feed = {n: inputs[position(n)].astype(details[n]["dtype"]) for n in names}  # int64 ids -> the model's int32
     for _ in range(3):
         runner(**feed)
     ts = []
