@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["convert_program", "is_supported", "EDGE", "op_histogram", "run_tflite"]
+__all__ = ["convert_program", "is_supported", "EDGE", "op_histogram", "run_tflite", "QuantConfig", "QuantizationError",
+           "quantize_tflite", "calibration_feeds"]
 
 _WHERE = {
     "convert_program": "convert",
@@ -17,6 +18,10 @@ _WHERE = {
     "EDGE": "ops",
     "op_histogram": "inspect",
     "run_tflite": "inspect",
+    "QuantConfig": "quantize",
+    "QuantizationError": "quantize",
+    "quantize_tflite": "quantize",
+    "calibration_feeds": "quantize",
 }
 
 

@@ -169,12 +169,34 @@ class SubgraphBuilder:
         self.inputs: list[int] = []
         self.outputs: list[int] = []
         self._const_tensors: dict[tuple, int] = {}
+        self._names: set[str] = set()
+
+    def unique_name(self, name: str) -> str:
+        """``name``, or ``name_1``, ``name_2``... if taken: tools that key by tensor name
+        (ai-edge-quantizer's recipes and calibration results) need every name in a subgraph unique."""
+        base, k = name, 0
+        while name in self._names:
+            k += 1
+            name = f"{base}_{k}"
+        self._names.add(name)
+        return name
+
+    def rename(self, index: int, name: str) -> None:
+        """Give tensor ``index`` the name ``name`` (a signature's output name); a tensor already
+        holding it is renamed out of the way so names stay unique."""
+        if self.tensors[index].name == name:
+            return
+        for t in self.tensors:
+            if t.name == name:
+                t.name = self.unique_name(name)
+        self._names.add(name)
+        self.tensors[index].name = name
 
     def tensor(self, name: str, shape, dtype, buffer: int = 0) -> int:
         """A tensor; ``shape`` may hold None for a dynamic dim (written 1, signature -1)."""
         s = schema()
         t = s.TensorT()
-        t.name = name
+        t.name = self.unique_name(name)
         t.type = TENSOR_TYPE[np.dtype(dtype).name]
         t.shape = [1 if d is None else int(d) for d in shape]
         if any(d is None for d in shape):

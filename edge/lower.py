@@ -338,7 +338,7 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                     shp = lw.const_tensor([-1 if d is None else d for d in phys], np.int32)
                     (t,), _ = lw.emit("RESHAPE", [t, shp], [phys], [v.dtype], suffix="out")
                 seen.add(t)
-                lw.sg.tensors[t].name = spec.name
+                lw.sg.rename(t, spec.name)
                 outs.append((spec.name, t))
     lw.sg.inputs = [t for _, t in inputs]
     lw.sg.outputs = [t for _, t in outs]

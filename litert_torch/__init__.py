@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError"]
+__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError", "QuantConfig",
+           "QuantizationError"]
 
 _WHERE = {
     "convert": "_convert",
@@ -20,9 +21,13 @@ _WHERE = {
     "ModelExportError": "_model",
     "to_channel_last_io": "_channel_last",
 }
+# quantization lives in the edge backend (edge/quantize.py); re-exported here
+_EDGE = {"QuantConfig", "QuantizationError"}
 
 
 def __getattr__(name):
     if name in _WHERE:
         return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    if name in _EDGE:
+        return getattr(importlib.import_module("edge.quantize"), name)
     raise AttributeError(f"module 'litert_torch' has no attribute {name!r}")

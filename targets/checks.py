@@ -98,8 +98,9 @@ def package(target, prog_or_bytes, out_dir: str, *, name: str = "model", strict:
             **options) -> dict:
     """Lower (if given a Program), check, and write ``target``'s files into ``out_dir``; {file: path}.
 
-    Options: ``channel_last`` (edge layout override), ``fp16_weights`` (android/ios), ``calibration_data``,
-    ``verify_inputs``, ``flash_kib``, ``ram_kib`` (iot), ``topology``, ``aot`` (TPU).
+    Options: ``channel_last`` (edge layout override), ``quant_config`` (a scheme of edge/quantize.py the
+    target's runtime runs; iot: always static int8), ``calibration_data`` (static int8), ``fp16_weights``
+    (= quant_config "fp16"), ``verify_inputs``, ``flash_kib``, ``ram_kib`` (iot), ``topology``, ``aot`` (TPU).
     """
     t = get_target(target)
     say = _say(say)
@@ -108,15 +109,21 @@ def package(target, prog_or_bytes, out_dir: str, *, name: str = "model", strict:
     channel_last = options.pop("channel_last", None)
     if channel_last is None:
         channel_last = t.options.get("channel_last_io", False)
+    # before lowering: the scheme against the target, the calibration samples against the signature
+    quant, calibration = _quant_options(t, options)
+    _no_leftovers(t, {k: v for k, v in options.items() if not (t.name == "iot" and k in _IOT_OPTIONS)})
+    feeds = _program_feeds(prog_or_bytes, calibration, channel_last) if calibration is not None else None
     tflite = bytes(prog_or_bytes) if _is_tflite(prog_or_bytes) else lower_for_target(
         prog_or_bytes, t, channel_last=channel_last)
+    if calibration is not None and feeds is None:
+        feeds = _tflite_feeds(prog_or_bytes, tflite, calibration, channel_last)
     if t.name == "iot":
-        return _package_iot(t, prog_or_bytes, tflite, out_dir, name, strict, say, channel_last, **options)
-    if options.pop("fp16_weights", t.options.get("fp16_weights", False)):
-        from .quantize import float16_weights
+        return _package_iot(t, prog_or_bytes, tflite, out_dir, name, strict, say, channel_last, quant, feeds,
+                            **options)
+    if quant is not None:
+        from edge.quantize import quantize_tflite
 
-        tflite = float16_weights(tflite)
-    _no_leftovers(t, options)
+        tflite = quantize_tflite(tflite, quant, feeds)
     check_for_target(tflite, t, strict=strict, say=say)
     from .files import write_files
 
@@ -127,29 +134,75 @@ def package(target, prog_or_bytes, out_dir: str, *, name: str = "model", strict:
     return write_files(out_dir, {f"{name}.tflite": tflite})
 
 
+_IOT_OPTIONS = ("verify_inputs", "flash_kib", "ram_kib")
+
+
 def _no_leftovers(t, options) -> None:
     if options:
         raise TypeError(f"target {t.name!r} does not take option(s) {', '.join(sorted(options))}")
 
 
-def _package_iot(t, prog_or_bytes, float_tflite, out_dir, name, strict, say, channel_last, *, calibration_data=None,
-                 verify_inputs=None, flash_kib=None, ram_kib=None, **rest) -> dict:
-    from .iot import convert_iot, write_iot_package
+def _quant_options(t, options) -> tuple:
+    """(QuantConfig or None, calibration data) from the options; iot is always static int8."""
+    from .quantize import QuantizationError, check_scheme
+
+    quant = options.pop("quant_config", None)
+    if options.pop("fp16_weights", t.options.get("fp16_weights", False)):
+        quant = quant or "fp16"
+    if t.name == "iot" and quant is None:
+        quant = "static_int8"
+    quant = check_scheme(t, quant)
+    calibration = options.pop("calibration_data", None)
+    if quant is not None and quant.needs_calibration and calibration is None:
+        raise QuantizationError(f"target {t.name!r}: {quant.scheme} builds a full-integer int8 model and needs "
+                                "calibration_data (a list of sample inputs: tuples of the module's args, or "
+                                "{input name: array})")
+    if calibration is not None and (quant is None or not quant.needs_calibration):
+        raise TypeError(f"target {t.name!r} does not take option calibration_data without a static quant_config "
+                        "(e.g. quant_config='static_int8')")
+    return quant, calibration
+
+
+def _channel_last_inputs(prog_or_bytes, channel_last) -> tuple:
+    if _is_tflite(prog_or_bytes) or not channel_last:
+        return ()
+    from .mobile import channel_last_io
+
+    return next(iter(channel_last_io(prog_or_bytes).values()))[0]
+
+
+def _program_feeds(prog_or_bytes, calibration, channel_last) -> dict | None:
+    """{signature: [{input name: array}]} in the .tflite's layout, for samples given as tuples of the
+    module's args and checked against the Program's signature; None when only the .tflite can tell."""
     from .quantize import QuantizationError
 
-    _no_leftovers(t, rest)
-    if calibration_data is None:
-        raise QuantizationError("target 'iot' builds a full-integer int8 model and needs calibration_data "
-                                "(a list of sample inputs: tuples of the module's args, or {input name: array})")
-    cl_inputs = ()
-    if not _is_tflite(prog_or_bytes) and channel_last:
-        from .mobile import channel_last_io
+    samples = calibration if isinstance(calibration, dict) else list(calibration)
+    if not samples:
+        raise QuantizationError("calibration_data is empty; static int8 needs representative samples")
+    if _is_tflite(prog_or_bytes) or isinstance(samples, dict) or any(isinstance(x, dict) for x in samples):
+        return None
+    from edge.quantize import calibration_feeds
 
-        cl_inputs = next(iter(channel_last_io(prog_or_bytes).values()))[0]
-    cal = calibration_samples(float_tflite, calibration_data, channel_last_inputs=cl_inputs)
-    ver = None if verify_inputs is None else calibration_samples(float_tflite, verify_inputs,
-                                                                 channel_last_inputs=cl_inputs)
-    model = convert_iot(float_tflite, cal, verify_inputs=ver)
+    return calibration_feeds(prog_or_bytes, samples, channel_last_inputs=_channel_last_inputs(prog_or_bytes,
+                                                                                               channel_last))
+
+
+def _tflite_feeds(prog_or_bytes, tflite, calibration, channel_last) -> dict:
+    if isinstance(calibration, dict):
+        return calibration  # {signature: [{input name: array}]} already
+    from .tflite_io import signatures
+
+    cl_inputs = _channel_last_inputs(prog_or_bytes, channel_last)
+    return {next(iter(signatures(tflite))): calibration_samples(tflite, calibration, channel_last_inputs=cl_inputs)}
+
+
+def _package_iot(t, prog_or_bytes, float_tflite, out_dir, name, strict, say, channel_last, quant, cal, *,
+                 verify_inputs=None, flash_kib=None, ram_kib=None) -> dict:
+    from .iot import convert_iot, write_iot_package
+
+    ver = None if verify_inputs is None else calibration_samples(
+        float_tflite, verify_inputs, channel_last_inputs=_channel_last_inputs(prog_or_bytes, channel_last))
+    model = convert_iot(float_tflite, cal, verify_inputs=ver, io_dtype=quant.io_dtype)
     say(model.compat.summary())
     say(model.summary())
     return write_iot_package(model, out_dir, name, flash_kib=flash_kib, ram_kib=ram_kib)

@@ -89,16 +89,17 @@ def _agreement(float_tflite: bytes, int8_tflite: bytes, samples: list, arena: in
             "float_range": hi - lo}
 
 
-def convert_iot(float_tflite: bytes, calibration_data, *, verify_inputs=None) -> IotModel:
+def convert_iot(float_tflite: bytes, calibration_data, *, verify_inputs=None, io_dtype: str = "int8") -> IotModel:
     """Quantize to full-integer int8, check it against TFLite Micro, run it there, measure the arena.
 
     ``calibration_data``: list of {input name: float array} (or {signature: [...]}) in the float
     model's layout. ``verify_inputs``: samples for the agreement check (default: the calibration set).
+    ``io_dtype``: "int8" inputs/outputs (default), or "float32" with QUANTIZE/DEQUANTIZE at the boundary.
     """
     pre = compatibility(float_tflite, "iot")
     if not pre.ok:  # quantizing cannot add a kernel TFLite Micro lacks: say so before calibrating
         pre.raise_if_fallback()
-    int8 = quantize_int8(float_tflite, calibration_data)
+    int8 = quantize_int8(float_tflite, calibration_data, io_dtype=io_dtype)
     compatibility(int8, "iot", strict=True)
     floats = _float_tensors(int8)
     if floats:

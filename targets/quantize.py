@@ -1,56 +1,51 @@
-"""Quantizing a float .tflite with ai-edge-quantizer: full-integer int8 (static) and float16 weights.
-
-ai-edge-quantizer keys its recipe and calibration results by tensor name and refuses a model whose
-tensor names repeat, so names are made unique first (see ``unique_tensor_names``).
+"""Quantization for edge targets: which schemes each target's runtime runs, and the calls the
+packaging uses. The quantization itself (recipes, calibration, ai-edge-quantizer) is edge/quantize.py.
 """
 
 from __future__ import annotations
 
-import collections
+from edge.quantize import QuantConfig, QuantizationError, as_quant_config, quantize_tflite, unique_tensor_names
 
-__all__ = ["unique_tensor_names", "quantize_int8", "float16_weights", "QuantizationError"]
+from .registry import get_target
+
+__all__ = ["QuantizationError", "QuantConfig", "unique_tensor_names", "quantize_int8", "float16_weights",
+           "target_quant_config", "check_scheme", "quantize_for_target"]
+
+# The LiteRT interpreter (Android, iOS, desktop CPUs) runs every scheme; LiteRT.js tensors hold float32,
+# int32 and uint8 only (targets/web.py), so int8 inputs/outputs are out there; TFLite Micro has integer
+# kernels only: full-integer int8 (no hybrid FULLY_CONNECTED/CONV_2D, no int4 or float16 DEQUANTIZE).
+_IOT_SCHEMES = ("static_int8",)
 
 
-class QuantizationError(RuntimeError):
-    pass
+def target_quant_config(target, quant_config) -> QuantConfig | None:
+    """``quant_config`` as a QuantConfig for ``target``: a bare "static_int8" means int8 I/O on iot
+    (what a microcontroller feeds) and float I/O elsewhere."""
+    t = get_target(target)
+    cfg = as_quant_config(quant_config)
+    if isinstance(quant_config, str) and t.name == "iot" and cfg.scheme == "static_int8":
+        return QuantConfig(cfg.scheme, io_dtype="int8")
+    return cfg
 
 
-def unique_tensor_names(tflite: bytes) -> bytes:
-    """The same model with every repeated tensor name in a subgraph suffixed ``_1``, ``_2``...
+def check_scheme(target, quant_config) -> QuantConfig | None:
+    """Fail (QuantizationError) when ``target``'s runtime cannot run the scheme; before any work."""
+    t = get_target(target)
+    cfg = target_quant_config(t, quant_config)
+    if cfg is None:
+        return None
+    if t.name == "iot" and (cfg.recipe is not None or cfg.scheme not in _IOT_SCHEMES):
+        raise QuantizationError(f"target 'iot' (TFLite Micro) runs full-integer int8 only: quant_config "
+                                f"{cfg.scheme!r} is not runnable there; use 'static_int8' with calibration_data")
+    if t.name == "web" and cfg.io_dtype == "int8":
+        raise QuantizationError("target 'web': LiteRT.js tensors hold float32, int32 and uint8, not int8; "
+                                "use QuantConfig('static_int8', io_dtype='float32')")
+    return cfg
 
-    The edge writer can give an op's output the name of the op it was lowered from (e.g. the PAD
-    before a CONV_2D); ai-edge-quantizer's ParamsGenerator requires unique names. Returns the input
-    unchanged when the names are already unique.
-    """
-    from ai_edge_litert import schema_py_generated as s
 
-    model = s.Model.GetRootAs(tflite, 0)
-    dup = False
-    for g in range(model.SubgraphsLength()):
-        sg = model.Subgraphs(g)
-        names = [sg.Tensors(i).Name() for i in range(sg.TensorsLength())]
-        if len(set(names)) != len(names):
-            dup = True
-            break
-    if not dup:
-        return tflite
-    import flatbuffers
-
-    obj = s.ModelT.InitFromObj(model)
-    for sg in obj.subgraphs:
-        taken = {t.name for t in sg.tensors}
-        seen = collections.Counter()
-        for t in sg.tensors:
-            seen[t.name] += 1
-            if seen[t.name] > 1:
-                k = seen[t.name] - 1
-                while t.name + b"_%d" % k in taken:
-                    k += 1
-                t.name = t.name + b"_%d" % k
-                taken.add(t.name)
-    b = flatbuffers.Builder(len(tflite) + (1 << 16))
-    b.Finish(obj.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
+def quantize_for_target(target, tflite: bytes, quant_config, calibration=None) -> bytes:
+    """Quantize ``tflite`` for ``target`` (scheme checked first); ``calibration`` as edge.quantize takes it."""
+    cfg = check_scheme(target, quant_config)
+    return tflite if cfg is None else quantize_tflite(tflite, cfg, calibration)
 
 
 def _signature_inputs(tflite: bytes) -> dict[str, list[str]]:
@@ -61,7 +56,7 @@ def _signature_inputs(tflite: bytes) -> dict[str, list[str]]:
 
 
 def _calibration_by_signature(tflite: bytes, calibration_data) -> dict:
-    """Accepts {signature: [ {input: array}, ... ]}, or a list of {input: array} for a one-signature model."""
+    """Accepts {signature: [ {input name: array}, ... ]}, or a list of {input name: array} for a one-signature model."""
     sigs = _signature_inputs(tflite)
     if isinstance(calibration_data, dict) and set(calibration_data) <= set(sigs):
         data = calibration_data
@@ -80,37 +75,18 @@ def _calibration_by_signature(tflite: bytes, calibration_data) -> dict:
     return data
 
 
-def quantize_int8(tflite: bytes, calibration_data) -> bytes:
-    """Full-integer int8 (weights and activations; int8 inputs/outputs) by ai-edge-quantizer's
-    static_wi8_ai8 recipe, calibrated on ``calibration_data``."""
-    from ai_edge_quantizer import quantizer, recipe
-
+def quantize_int8(tflite: bytes, calibration_data, *, io_dtype: str = "int8") -> bytes:
+    """Full-integer int8 (weights and activations; int8 inputs/outputs by default), calibrated on
+    ``calibration_data``: [{input name: array}] in the .tflite's layout, or {signature: [...]}."""
     if calibration_data is None:
         raise QuantizationError("full-integer int8 needs calibration_data: a list of {input name: array} samples "
                                 "(or {signature: [...]}) that look like real inputs")
     model = unique_tensor_names(tflite)
     data = _calibration_by_signature(model, calibration_data)
-    q = quantizer.Quantizer(bytearray(model), recipe.static_wi8_ai8())
-    try:
-        result = q.calibrate(data, num_threads=2)
-        out = q.quantize(result, enable_progress_report=False)
-    except Exception as e:  # noqa: BLE001 - the quantizer raises plain ValueErrors; name the step
-        raise QuantizationError(f"ai-edge-quantizer (static int8) failed: {type(e).__name__}: {e}") from e
-    return bytes(out.quantized_model)
+    return quantize_tflite(model, QuantConfig("static_int8", io_dtype=io_dtype), data)
 
 
 def float16_weights(tflite: bytes) -> bytes:
-    """Weights of FULLY_CONNECTED / CONV_2D / DEPTHWISE_CONV_2D / TRANSPOSE_CONV / EMBEDDING_LOOKUP stored
-    as float16 (ai-edge-quantizer's float_casting algorithm): half the size; the GPU delegates compute
-    in fp16 anyway, the CPU dequantizes once at load."""
-    from ai_edge_quantizer import qtyping, quantizer
-    from ai_edge_quantizer.algorithm_manager import AlgorithmName
-
-    q = quantizer.Quantizer(bytearray(unique_tensor_names(tflite)))
-    q.add_weight_only_config(".*", qtyping.TFLOperationName.ALL_SUPPORTED, 16,
-                             algorithm_key=AlgorithmName.FLOAT_CASTING)
-    try:
-        out = q.quantize(enable_progress_report=False)
-    except Exception as e:  # noqa: BLE001
-        raise QuantizationError(f"ai-edge-quantizer (float16 weights) failed: {type(e).__name__}: {e}") from e
-    return bytes(out.quantized_model)
+    """Weights stored as float16 (ai-edge-quantizer's float casting): half the size; the GPU delegates
+    compute in fp16 anyway, the CPU dequantizes once at load."""
+    return quantize_tflite(tflite, "fp16")

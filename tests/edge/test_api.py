@@ -155,9 +155,9 @@ def test_load_keeps_signatures(tmp_path):
         assert_close(loaded(x, signature_name="b"), enc(x), RTOL)
 
 
-def test_quant_config_and_target_not_yet():
+def test_bad_quant_config_and_target_not_yet():
     m, args = _two_heads()
-    with pytest.raises(NotImplementedError, match="quant_config"):
+    with pytest.raises(litert_torch.QuantizationError, match="quant_config must be"):  # quantization: test_quant.py
         litert_torch.convert(m, args, quant_config=object())
     with pytest.raises(NotImplementedError, match="target"):
         litert_torch.convert(m, args, target="android")

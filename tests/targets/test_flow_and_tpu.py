@@ -19,8 +19,8 @@ def test_edge_hook_writes_and_reports(cnn, tmp_path):
     assert info["compatibility"]["metal"]["fallback"] == {}
     assert info["compatibility"]["coreml"]["fallback"] == {"RESHAPE": 1}
     json.dumps(info)  # goes into summary.json
-    with pytest.raises(ValueError, match="fp16 weights are for the GPU delegates"):
-        write_edge_target(prog, "web", str(tmp_path), {"quant_config": "fp16"})
+    with pytest.raises(ValueError, match="not runnable there"):  # TFLite Micro: full-integer int8 only
+        write_edge_target(prog, "iot", str(tmp_path), {"quant_config": "weight_only_int4"})
     with pytest.raises(TypeError, match="does not take option"):
         write_edge_target(prog, "android", str(tmp_path), {"calibration_data": [args]})
 
