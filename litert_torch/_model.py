@@ -73,8 +73,7 @@ class Model:
         feeds = {}
         for name, x in zip(names, flat):
             a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-            want = details[name]["dtype"]
-            feeds[name] = a.astype(want, copy=False) if a.dtype != want else a
+            feeds[name] = _to_input_dtype(a, details[name])
         out = runner(**feeds)
         leaves = [torch.from_numpy(np.array(out[n])) for n in sig["outputs"]]
         spec = sig.get("out_spec")
@@ -91,6 +90,19 @@ class Model:
         if name not in self._runners:
             self._runners[name] = self._interpreter.get_signature_runner(name)
         return self._runners[name]
+
+
+def _to_input_dtype(a: np.ndarray, detail: dict) -> np.ndarray:
+    """Cast to the input's dtype; a float array fed to a quantized (int8/uint8) input is
+    quantized with that input's scale and zero point, as the model's own QUANTIZE would."""
+    want = detail["dtype"]
+    if a.dtype == want:
+        return a
+    scale, zero = (detail.get("quantization") or (0.0, 0))[:2]
+    if np.issubdtype(a.dtype, np.floating) and np.issubdtype(want, np.integer) and scale:
+        info = np.iinfo(want)
+        return np.clip(np.round(a / scale) + zero, info.min, info.max).astype(want)
+    return a.astype(want, copy=False)
 
 
 def load(path) -> Model:

@@ -168,6 +168,9 @@ def test_convert_static_int8_float_and_int8_io(small_cnn):
         mcu = run_tflm(tfl, {in_name: x[0].numpy()}, arena)["output_0"]
         np.testing.assert_allclose(mcu, want, atol=float(dout["quantization"][0]) * 1.01)
     np.testing.assert_allclose(np.concatenate(litert), ref[:5], atol=0.2 * np.abs(ref).max())
+    # Model(...) with float tensors quantizes them with the input's scale/zero point (no blind cast)
+    via_model = [_dequantize(i_io(x[0]).numpy(), dout) for x in xs[:5]]
+    np.testing.assert_array_equal(np.concatenate(via_model), np.concatenate(litert))
 
 
 def test_quantized_model_keeps_signatures_and_structure():
