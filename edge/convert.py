@@ -51,16 +51,15 @@ def _structure(prog) -> bytes:
     return json.dumps(out).encode()
 
 
-def convert_program(prog, *, to_channel_last_io=None, quant=None) -> bytes:
+def convert_program(prog, *, to_channel_last_io=None) -> bytes:
     """Lower every signature of ``prog`` to LiteRT builtins and write the flatbuffer.
 
     ``to_channel_last_io``: (input indices, output indices) whose tensors the .tflite takes and
     gives channel-last (NHWC for 4-D), for every signature, or {signature: (inputs, outputs)}.
     The graph keeps torch's layout; only the boundary tensors are laid out NHWC, so a CNN gets
-    no TRANSPOSE at all. ``quant`` is not implemented here yet.
+    no TRANSPOSE at all. Quantization is a second step over these float bytes
+    (``edge.quantize``, through ai-edge-quantizer).
     """
-    if quant is not None:
-        raise NotImplementedError("edge.convert_program: quantization is not implemented yet (quant must be None)")
     _decompose_unlowered(prog)
     check_support(prog, "edge", is_supported)
     model = ModelBuilder()
