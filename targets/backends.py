@@ -28,6 +28,10 @@ class EdgeBackend:
     @staticmethod
     def validate_options(target, options):
         _check_known(target, options, EDGE_OPTIONS, TPU_OPTIONS)
+        if options.get("quant_config") is not None:
+            from .quantize import check_scheme
+
+            check_scheme(target, options["quant_config"])  # a scheme the runtime cannot run fails before capture
 
     @staticmethod
     def is_supported(node) -> bool:
@@ -46,6 +50,7 @@ class TpuBackend:
     @staticmethod
     def validate_options(target, options):
         _check_known(target, options, TPU_OPTIONS, EDGE_OPTIONS)
+        _tpu_export_options(target, options)  # a bad quant_config / dtype / use_pallas fails before capture
         if "topology" in options and target.chip is not None:
             from .tpu import check_topology
 
@@ -62,21 +67,12 @@ class TpuBackend:
         import tpu_backend
 
         opts = {k: v for k, v in options.items() if k in TPU_OPTIONS}
-        quant = opts.pop("quant_config", None)
-        export_kw = {}
-        if opts.get("dtype") in ("bfloat16", "bf16"):
-            export_kw["dtype"] = "bfloat16"
-        if quant is not None:
-            raise ValueError(f"target {target.name!r}: quant_config is not supported by the TPU backend yet; "
-                             "use dtype='bfloat16' for a smaller TPU artifact")
-        if "use_pallas" in opts:
-            export_kw["use_pallas"] = opts["use_pallas"]
-        for k in ("mesh", "partition_rules"):
-            if k in opts:
-                export_kw[k] = opts[k]
+        export_kw = _tpu_export_options(target, opts)
         say(f"{target.name}: lowering to JAX and exporting StableHLO for {', '.join(target.platforms)}")
         bundle = tpu_backend.export_program(prog, platforms=target.platforms, **export_kw)
         info = {"platforms": list(target.platforms)}
+        if bundle.quant is not None:
+            info["quant"] = {"scheme": bundle.quant, "int8_weights": len(bundle.quantized_weights)}
         if target.chip is not None and opts.get("aot", True) and _libtpu_available():
             topology = opts.get("topology") or target.default_topology
             say(f"{target.name}: AOT-compiling for {topology} with libtpu")
@@ -90,6 +86,38 @@ class TpuBackend:
         say(f"{target.name}: writing {path}")
         tpu_backend.save(bundle, path)
         return path, info
+
+
+def _tpu_export_options(target, opts) -> dict:
+    """export_program keywords for a TPU-backend target. TPU chips default to use_pallas="auto"
+    (kernels where their shape rules expect a gain) with blocks sized for the target's chip;
+    CPU/GPU targets default to plain XLA (no TPU platform in the artifact to run a kernel on)."""
+    kw = {}
+    dtype = opts.get("dtype")
+    if dtype in ("bfloat16", "bf16"):
+        kw["dtype"] = "bfloat16"
+    elif dtype not in (None, "float32", "fp32"):
+        raise ValueError(f"target {target.name!r}: dtype {dtype!r} is not supported; use 'float32' or 'bfloat16'")
+    quant = opts.get("quant_config")
+    if quant is not None:
+        from tpu_backend.quant import parse_quant
+
+        try:
+            kw["quant"] = parse_quant(quant)
+        except ValueError as e:
+            raise ValueError(f"target {target.name!r}: {e}") from None
+    use_pallas = opts.get("use_pallas", "auto" if target.chip is not None else False)
+    if use_pallas not in (True, False, "auto") and type(use_pallas).__name__ != "PallasConfig":
+        raise ValueError(f"target {target.name!r}: use_pallas must be True, False or 'auto', got {use_pallas!r}")
+    kw["use_pallas"] = use_pallas
+    from tpu_backend.pallas.config import GENERATIONS  # pure Python: no jax import
+
+    if target.chip in GENERATIONS:
+        kw["generation"] = target.chip
+    for k in ("mesh", "partition_rules"):
+        if k in opts:
+            kw[k] = opts[k]
+    return kw
 
 
 def _libtpu_available() -> bool:

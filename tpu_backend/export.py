@@ -63,6 +63,8 @@ class ExportedBundle:
     weight_shardings: dict[str, list] = dataclasses.field(default_factory=dict)
     enable_x64: bool = False
     compiled: list = dataclasses.field(default_factory=list)  # aot.CompiledTarget
+    quant: str | None = None  # "weight_only_int8" when linear weights are stored as int8 + scales
+    quantized_weights: list = dataclasses.field(default_factory=list)  # program weight names stored as int8
 
     def save(self, path, **kw):
         from .artifact import save
@@ -97,17 +99,41 @@ def x64_scope(enabled: bool):
 
 
 def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=False, mesh=None,
-                   partition_rules=None, signatures=None) -> ExportedBundle:
-    """Lower every signature of ``prog`` (or the named ``signatures``) and export it."""
+                   partition_rules=None, signatures=None, generation=None, quant=None) -> ExportedBundle:
+    """Lower every signature of ``prog`` (or the named ``signatures``) and export it.
+
+    use_pallas: True / False / "auto" / a PallasConfig: Pallas kernels for attention, norms and
+        int8 linears on TPU (plain XLA on the other platforms of the same artifact);
+    generation: "v5e" | "v6e" | "v5p" | "tpu7x" | None: the TPU the kernels' blocks are sized for;
+    quant: None | "weight_only_int8" (alias "int8") | tpu_backend.quant.WeightOnlyInt8: linear and
+        embedding weights stored as int8 + per-channel scales (see tpu_backend.quant).
+    """
     from .lowering import lower_signature
 
     platforms = _check_platforms(platforms)
     names = list(signatures) if signatures is not None else list(prog.signatures)
+    rewrites = {n: () for n in names}
+    quantized = []
+    qconfig = None
+    if quant is not None:
+        from .quant import int8_rewrite, parse_quant, plan_int8
+
+        qconfig = parse_quant(quant)
+        plan = plan_int8(prog, names, qconfig)
+        rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
+        quantized = sorted(plan.weights)
+    if use_pallas is not False:
+        from .pallas import hooks  # noqa: F401  (registers the kernel hooks before lowering)
     lowered = {
-        n: lower_signature(prog, n, dtype=dtype, platforms=platforms, use_pallas=use_pallas) for n in names
+        n: lower_signature(prog, n, dtype=dtype, platforms=platforms, use_pallas=use_pallas, generation=generation,
+                           rewrites=rewrites[n])
+        for n in names
     }
-    return export_lowered(prog, lowered, platforms=platforms, dtype=dtype, mesh=mesh,
-                          partition_rules=partition_rules)
+    bundle = export_lowered(prog, lowered, platforms=platforms, dtype=dtype, mesh=mesh,
+                            partition_rules=partition_rules)
+    if qconfig is not None:
+        bundle.quant, bundle.quantized_weights = "weight_only_int8", quantized
+    return bundle
 
 
 def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None, mesh=None,
@@ -123,9 +149,10 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
     weights: dict[str, torch.Tensor] = {}
     for lo in lowered.values():
         dts = getattr(lo, "weight_dtypes", None) or [None] * len(lo.weight_names)
+        values = getattr(lo, "weight_values", None) or {}  # packed parts (int8 + scales) are not program weights
         for w, dt in zip(lo.weight_names, dts):
             if w not in weights:
-                weights[w] = _stored_weight(prog.weights[w], dt, dtype)
+                weights[w] = _stored_weight(values[w] if w in values else prog.weights[w], dt, dtype)
     weight_shardings = {}
     if mesh_spec is not None:
         weight_shardings = {w: rules.weight_spec(w, tuple(t.shape), mesh_spec) for w, t in weights.items()}

@@ -41,12 +41,28 @@ _BF16_FROM = {torch.float32, torch.float16}
 class LoweringOptions:
     dtype: str | None = None  # None: the model's dtypes; "bfloat16": floats computed in bf16
     platforms: tuple = ("tpu", "cpu")
-    use_pallas: bool = False  # hook for tpu_backend.pallas; the plain table ignores it
+    use_pallas: Any = False  # True | False | "auto" | tpu_backend.pallas.PallasConfig (kernel hooks)
     x64: bool = False  # the Program keeps 64-bit values (enable_x64); else they are 32-bit
+    generation: str | None = None  # TPU generation the kernels' block sizes are chosen for (None: any)
 
     def __post_init__(self):
         if self.dtype not in (None, "bfloat16"):
             raise ValueError(f"dtype must be None or 'bfloat16', got {self.dtype!r}")
+        self.pallas  # noqa: B018 - validates use_pallas / generation now, not at the first kernel
+
+    @property
+    def pallas(self):
+        """The PallasConfig the kernel hooks use, or None when kernels are off."""
+        from ..pallas.config import PallasConfig
+
+        cfg = self.use_pallas
+        if not isinstance(cfg, PallasConfig):
+            if cfg not in (True, False, "auto"):
+                raise ValueError(f"use_pallas must be True, False, 'auto' or a PallasConfig, got {cfg!r}")
+            cfg = PallasConfig(mode=cfg, generation=self.generation)
+        elif cfg.generation is None and self.generation is not None:
+            cfg = dataclasses.replace(cfg, generation=self.generation)
+        return None if cfg.mode is False else cfg
 
 
 # The 64->32 bit policy, applied again here: a value the converter left 64-bit (a folded

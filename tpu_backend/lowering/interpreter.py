@@ -20,7 +20,8 @@ from .helpers import cast, is_array
 from .registry import JAX_LOWERINGS, KERNEL_HOOKS
 from .symbolic_dims import symbols_of_inputs
 
-__all__ = ["LoweredSignature", "LoweringError", "lower_signature", "is_supported", "unsupported"]
+__all__ = ["LoweredSignature", "LoweringError", "lower_signature", "is_supported", "unsupported", "GraphRewrite",
+           "PackedWeight"]
 
 
 class LoweringError(ConversionError):
@@ -49,6 +50,36 @@ class _Step:
     args: list  # schema-ordered arguments; fx Nodes stand for values computed earlier
 
 
+@dataclasses.dataclass
+class PackedWeight:
+    """A weight stored as several arrays (int8 values + per-channel scales), rebuilt inside the
+    lowered function: ``unpack(*arrays)`` is what the rewritten users of the weight receive."""
+
+    parts: list  # [(stored name, torch.Tensor as stored)]
+    unpack: Callable
+
+
+@dataclasses.dataclass
+class GraphRewrite:
+    """What a pre-pass over one signature changes (fused norm patterns, int8 linears).
+
+    ``lowerings``: node -> (fn(ctx, *args), args), args holding fx Nodes for earlier values;
+    ``skip``: nodes no lowering reads any more (folded into a rewritten node);
+    ``packed_weights``: weight name -> PackedWeight."""
+
+    lowerings: dict = dataclasses.field(default_factory=dict)
+    skip: set = dataclasses.field(default_factory=set)
+    packed_weights: dict = dataclasses.field(default_factory=dict)
+
+    def update(self, other: "GraphRewrite") -> None:
+        clash = (self.lowerings.keys() | self.skip) & (other.lowerings.keys() | other.skip)
+        if clash or self.packed_weights.keys() & other.packed_weights.keys():
+            raise LoweringError(f"two graph rewrites claim the same nodes {sorted(n.name for n in clash)}")
+        self.lowerings.update(other.lowerings)
+        self.skip |= other.skip
+        self.packed_weights.update(other.packed_weights)
+
+
 def _with_hook(hook, fallback):
     def lower(ctx, *args):
         out = hook(ctx, *args)
@@ -59,7 +90,7 @@ def _with_hook(hook, fallback):
 
 def _lowering_of(node, options):
     fn = JAX_LOWERINGS.get(node.target)
-    hook = KERNEL_HOOKS.get(node.target) if options.use_pallas else None
+    hook = KERNEL_HOOKS.get(node.target) if options.pallas is not None else None
     return _with_hook(hook, fn) if hook is not None else fn
 
 
@@ -149,6 +180,8 @@ class LoweredSignature:
     input_dtypes: list
     output_dtypes: list
     fn: Callable = dataclasses.field(repr=False)  # fn(weights: list, *inputs) -> list of outputs
+    # Stored arrays that are not program weights (the parts of packed weights), by name.
+    weight_values: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def dim_constraints(self) -> list[str]:
         """jax.export constraints ("batch >= 2", "batch <= 64") from the signature's dim ranges."""
@@ -169,7 +202,7 @@ class LoweredSignature:
 
         out = []
         for name, dt in zip(self.weight_names, self.weight_dtypes):
-            w = prog.weights[name].detach().cpu()
+            w = (self.weight_values[name] if name in self.weight_values else prog.weights[name]).detach().cpu()
             if w.dtype == torch.bfloat16:
                 w = w.float()
             out.append(np.asarray(w.numpy()).astype(dt))
@@ -203,39 +236,65 @@ def lower_signature(
     *,
     dtype: str | None = None,
     platforms=("tpu", "cpu"),
-    use_pallas: bool = False,
+    use_pallas=False,
+    generation: str | None = None,
+    rewrites=(),
 ) -> LoweredSignature:
     """Build the JAX function of one signature. Checks support of the whole program first, so
-    every missing op is reported at once, before anything is written."""
+    every missing op is reported at once, before anything is written.
+
+    ``use_pallas``: True / False / "auto" / a PallasConfig: kernel hooks and the spelled-out norm
+    pre-pass (tpu_backend.pallas.hooks); ``generation`` picks the kernels' TPU block sizes.
+    ``rewrites``: GraphRewrite objects for this signature (e.g. tpu_backend.quant's int8 linears)."""
     check_support(prog, "tpu", is_supported)
     options = LoweringOptions(dtype=dtype, platforms=tuple(platforms), use_pallas=use_pallas,
-                              x64=bool(prog.enable_x64))
+                              x64=bool(prog.enable_x64), generation=generation)
     sig = prog.signature(signature_name)
     weight_nodes = sig.weight_nodes()
     input_nodes = sig.input_nodes()
     out_nodes = sig.output_nodes()
+    rewrite = GraphRewrite()
+    for r in rewrites:
+        rewrite.update(r)
+    if options.pallas is not None:
+        from ..pallas.hooks import norm_pattern_rewrite  # importing it registers the kernel hooks
+
+        rewrite.update(norm_pattern_rewrite(sig, options))
     steps = [
-        _Step(n, _lowering_of(n, options), _normalize_args(n))
+        _Step(n, *rewrite.lowerings[n]) if n in rewrite.lowerings
+        else _Step(n, _lowering_of(n, options), _normalize_args(n))
         for n in sig.graph.nodes
-        if n.op == "call_function"
+        if n.op == "call_function" and n not in rewrite.skip
     ]
     if options.dtype == "bfloat16":
         for step in steps:
             step.args = _saturate_bf16(step.args)
+    packed = [rewrite.packed_weights.get(w) for w in sig.weight_names]
     w_dtypes = [jnp_dtype(prog.weights[w].dtype, options) for w in sig.weight_names]
+    # The flat weights argument: packed weights contribute their parts, stored dtypes kept.
+    flat_names, flat_dtypes, flat_shapes, values = [], [], [], {}
+    for w, p, dt in zip(sig.weight_names, packed, w_dtypes):
+        parts = p.parts if p is not None else [(w, prog.weights[w])]
+        for name, t in parts:
+            flat_names.append(name)
+            flat_dtypes.append(jnp_dtype(t.dtype) if p is not None else dt)
+            flat_shapes.append(tuple(t.shape))
+            if p is not None:
+                values[name] = t
     in_dtypes = [jnp_dtype(s.dtype, options) for s in sig.inputs]
     out_dtypes = [jnp_dtype(s.dtype, options) for s in sig.outputs]
     x64 = options.x64
 
     def run(weights, *inputs):
-        if len(weights) != len(weight_nodes) or len(inputs) != len(input_nodes):
+        if len(weights) != len(flat_names) or len(inputs) != len(input_nodes):
             raise TypeError(
-                f"signature {sig.name!r} takes {len(weight_nodes)} weights and {len(input_nodes)} inputs; "
+                f"signature {sig.name!r} takes {len(flat_names)} weights and {len(input_nodes)} inputs; "
                 f"got {len(weights)} and {len(inputs)}"
             )
         env = {}
-        for node, w, dt in zip(weight_nodes, weights, w_dtypes):
-            env[node] = cast(jnp.asarray(w), dt)
+        arrays = iter(cast(jnp.asarray(w), dt) for w, dt in zip(weights, flat_dtypes))
+        for node, p in zip(weight_nodes, packed):
+            env[node] = next(arrays) if p is None else p.unpack(*[next(arrays) for _ in p.parts])
         for node, x, dt in zip(input_nodes, inputs, in_dtypes):
             env[node] = cast(jnp.asarray(x), dt)
         sym_env = symbols_of_inputs(input_nodes, [env[n] for n in input_nodes])
@@ -262,13 +321,14 @@ def lower_signature(
 
     return LoweredSignature(
         signature=sig,
-        weight_names=list(sig.weight_names),
+        weight_names=flat_names,
         options=options,
         x64=x64,
-        weight_dtypes=w_dtypes,
-        weight_shapes=[tuple(prog.weights[w].shape) for w in sig.weight_names],
+        weight_dtypes=flat_dtypes,
+        weight_shapes=flat_shapes,
         input_dtypes=in_dtypes,
         output_dtypes=out_dtypes,
         fn=fn,
+        weight_values=values,
     )
 
