@@ -4,7 +4,7 @@ latency of the artifact vs torch eager on the same threads, and the TPU cost rep
     .venv/bin/python bench/tpu_path.py [--models resnet18,bert] [--runs 30] [--threads 2]
 
 The XLA:CPU vs eager ratio is measured side by side in this one process (median of --runs each,
-interleaved), torch limited to --threads and XLA's CPU client to the same count. The cost report
+in alternating blocks of 5), torch limited to --threads and XLA's CPU client to the same count. The cost report
 is XLA's estimate for the compiled TPU executable (batch 1, float32 as exported): optimal_seconds
 and the model-FLOPs utilisation it implies at the chip's bf16 peak (source: tpu_backend/chips.py).
 """
@@ -70,15 +70,21 @@ def main():
                 with torch.no_grad():
                     module(*args)
             t_x, t_e = [], []
-            for _ in range(a.runs):  # interleaved: both see the same machine noise
-                t = time.perf_counter()
-                out = runner(*np_args)
-                _ = [o.numpy() for o in torch.utils._pytree.tree_leaves(out)]
-                t_x.append(time.perf_counter() - t)
-                t = time.perf_counter()
-                with torch.no_grad():
-                    module(*args)
-                t_e.append(time.perf_counter() - t)
+            # Alternating blocks (not single calls): XLA's CPU thread pool spins for a while after
+            # each run and would starve torch's threads if the two were interleaved call by call.
+            for block in range(max(1, a.runs // 5)):
+                time.sleep(0.05)
+                for _ in range(5):
+                    t = time.perf_counter()
+                    out = runner(*np_args)
+                    _ = [o.numpy() for o in torch.utils._pytree.tree_leaves(out)]
+                    t_x.append(time.perf_counter() - t)
+                time.sleep(0.05)
+                for _ in range(5):
+                    t = time.perf_counter()
+                    with torch.no_grad():
+                        module(*args)
+                    t_e.append(time.perf_counter() - t)
         rows.append(dict(model=name, capture_s=capture_s, export_s=export_s, size=size,
                          xla_ms=statistics.median(t_x) * 1e3, eager_ms=statistics.median(t_e) * 1e3,
                          compiled=compiled))
