@@ -1,7 +1,7 @@
 """TPU path per model: export time, AOT compile time per TPU generation, artifact size, XLA:CPU
 latency of the artifact vs torch eager on the same threads, and the TPU cost report.
 
-    .venv/bin/python bench/tpu_path.py [--models resnet18,bert] [--runs 30] [--threads 2]
+    .venv/bin/python bench/tpu_path.py [--models resnet18,bert] [--runs 30] [--threads 1]
 
 The XLA:CPU vs eager ratio is measured side by side in this one process (median of --runs each,
 in alternating blocks of 5), torch limited to --threads and XLA's CPU client to the same count. The cost report
@@ -29,8 +29,13 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    if a.threads == 1:
+        # one thread on both sides: on a shared 2-core host, OpenMP/Eigen pools that spin-wait
+        # oversubscribe the cores and turn medians into scheduler noise
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
     from tpu_backend.aot import prepare_cpu_host
 
     prepare_cpu_host()
