@@ -4,6 +4,13 @@ Computed, never hand-kept: the op list comes from the installed torch (``torch.T
 support columns from the backends' lowering registries, the test column from exporting every
 row of ``tests/op_rows.py`` and reading the ops in its graph.
 
+An op the converter itself decomposes (torch.export's core table still decomposes a few core
+overloads, e.g. reflection_pad2d -> index) never reaches a backend: it is supported by both when
+a row exercises it (it is looked for in the row's graph decomposed with that op kept whole) and
+that row passes on both backends (tests/test_op_support.py checks it is xfailed on neither).
+Shape-query ops (sym_size, sym_numel, ...) appear only in graphs with dynamic shapes, which the
+op rows do not have; they are tested by the dynamic-batch model tests instead.
+
     python -m targets.op_support            # print the table (same as `tpu-export ops`)
     python -m targets.op_support --write    # regenerate docs/ops.md
 """
@@ -14,7 +21,17 @@ import functools
 import os
 import sys
 
-__all__ = ["inference_core_ops", "excluded_reason", "support_table", "coverage_text", "render_markdown"]
+__all__ = ["inference_core_ops", "excluded_reason", "support_table", "coverage_text", "render_markdown",
+           "converter_decomposed", "DYNAMIC_ONLY"]
+
+# Ops no static-shape op row can put in a graph, and where they are tested instead.
+DYNAMIC_ONLY = {
+    "aten.sym_size.int": "dynamic shapes only: tests/test_op_support.py::test_dynamic_only_ops",
+    "aten.sym_numel.default": "dynamic shapes only, and torch.export writes numel() as a product of sym_size: "
+                              "not seen in a converted graph",
+    "aten.scalar_tensor.default": "folded by the converter unless its value is symbolic (dynamic shapes): "
+                                  "tests/test_op_support.py::test_dynamic_only_ops",
+}
 
 # The exclusion rule, in one place: what is not an inference op of a deployed model.
 #  - in-place (name ends in "_") and out= overloads: functionalization removes them before us;
@@ -30,14 +47,14 @@ _RANDOM = {"rand", "randn", "randperm", "bernoulli", "normal", "uniform", "multi
 
 def excluded_reason(packet: str, overload: str, schema) -> str | None:
     key = f"{packet}.{overload}"
-    if packet.endswith("_") or schema.is_mutable:
-        return "in-place"
-    if overload.startswith("out") or "out" in overload.split("_"):
-        return "out= variant"
-    if "backward" in packet:
-        return "backward (training only)"
     if key in _TRAINING_ONLY:
         return _TRAINING_ONLY[key]
+    if overload.startswith("out") or "out" in overload.split("_"):
+        return "out= variant"
+    if packet.endswith("_") or schema.is_mutable:
+        return "in-place"
+    if "backward" in packet:
+        return "backward (training only)"
     if packet in _RANDOM:
         return "random sampling (no reference to compare against)"
     return None
@@ -48,8 +65,11 @@ def core_ops():
     """[(name, OpOverload, exclusion reason or None)] for every core ATen overload of this torch."""
     import torch
 
+    # every registered aten schema (dir(torch.ops.aten) lists only the packets touched so far,
+    # which differs from process to process)
+    packets = {n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
     rows = []
-    for packet in dir(torch.ops.aten):
+    for packet in sorted(packets | set(dir(torch.ops.aten))):
         try:
             pk = getattr(torch.ops.aten, packet)
         except (AttributeError, RuntimeError):
@@ -68,41 +88,118 @@ def inference_core_ops():
 
 
 def _registries():
+    """backend -> set of ATen overloads it lowers."""
+    import torch
+
     from edge import EDGE  # the filled tables: importing them registers every lowering
+    from edge.lower import SYM_OPS  # shape queries the edge driver evaluates itself
     from tpu_backend.lowering import JAX_LOWERINGS
 
-    return {"tpu": JAX_LOWERINGS, "edge": EDGE}
+    edge = set(EDGE.targets()) | {op for op in SYM_OPS if isinstance(op, torch._ops.OpOverload)}
+    return {"tpu": set(JAX_LOWERINGS.targets()), "edge": edge}
 
 
 @functools.lru_cache(maxsize=None)
+def converter_decomposed() -> frozenset:
+    """Names of the inference core overloads the converter's own decomposition table removes."""
+    from converter.decompositions import decomposition_table
+
+    table = decomposition_table()
+    return frozenset(n for n, op in inference_core_ops() if op in table)
+
+
+def _row_ops(row, keep_core) -> tuple[set, tuple]:
+    """Ops of ``row``'s converted graph, plus the converter-decomposed core ops it holds; and
+    the LiteRT builtins the edge backend writes for that graph (empty if it does not lower it).
+
+    Decomposition is the expensive step (~0.3 s a row), so it runs once, with ``keep_core`` kept
+    whole; those few nodes are then decomposed in place from the same table (what
+    ``converter.prepare`` would have produced) before the shared passes run."""
+    from converter.capture import capture, forward_params, _as_tuple
+    from converter.decompositions import KEEP_WHOLE, decompose, decompose_nodes
+    from converter.passes import run_shared_passes
+    from converter.program import program_from_exported
+    from converter.registry import op_name
+    from tests.op_rows import OpModule, row_inputs
+
+    module, args = OpModule(row), row_inputs(row)
+    kept = decompose(capture(module, args), KEEP_WHOLE | keep_core)
+    ops = {op_name(n.target) for n in kept.graph.nodes if n.op == "call_function" and n.target in keep_core}
+    info = {"args": _as_tuple(args), "kwargs": {}, "dynamic_shapes": None, "forward_params": forward_params(module)}
+    prog = program_from_exported({"serving_default": (kept, info)})
+    for sig in prog.signatures.values():
+        decompose_nodes(sig.graph_module, keep_core)
+    prog = run_shared_passes(prog)
+    ops |= {op_name(n.target) for sig in prog.signatures.values() for n in sig.graph.nodes if n.op == "call_function"}
+    return ops, _edge_builtins(prog)
+
+
+def _edge_builtins(prog) -> tuple:
+    """Names of the LiteRT builtins the edge backend emits for ``prog`` (lowering only: no file)."""
+    from edge.builder import ModelBuilder, schema
+    from edge.convert import is_supported
+    from edge.lower import lower_signature
+
+    from converter.support import unsupported_ops
+
+    if unsupported_ops(prog, is_supported):
+        return ()
+    names = {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
+    model = ModelBuilder()
+    try:
+        import torch
+
+        with torch.no_grad():
+            for sig in prog.signatures.values():
+                lower_signature(model, prog, sig)
+    except Exception:  # noqa: BLE001 - the op test reports it; the table just shows no builtins
+        return ()
+    return tuple(sorted({names[code] for code, _ in model._opcode_versions}))
+
+
 def tested_by() -> dict:
     """op name -> ids of the op-test rows whose converted graph contains that op."""
+    return _scan_rows()[0]
+
+
+def edge_builtins() -> dict:
+    """op name -> the LiteRT builtins edge writes for it, read from the first row (by id) whose
+    graph holds that op alone."""
+    return _scan_rows()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _scan_rows() -> tuple[dict, dict]:
     import warnings
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.op_rows import ROWS, OpModule, row_inputs
+    from tests.op_rows import ROWS
 
-    import converter
-    from converter.registry import op_name
-
+    names = converter_decomposed()
+    keep_core = frozenset(op for n, op in inference_core_ops() if n in names)
     found: dict[str, list[str]] = {}
+    solo: dict[str, list] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row in ROWS:
             try:
-                prog = converter.prepare(OpModule(row), row_inputs(row))
+                ops, builtins = _row_ops(row, keep_core)
             except Exception:  # noqa: BLE001 - a row that fails to capture tests nothing
                 continue
-            for sig in prog.signatures.values():
-                for n in sig.graph.nodes:
-                    if n.op == "call_function":
-                        found.setdefault(op_name(n.target), []).append(row.id)
-    return found
+            for name in ops:
+                found.setdefault(name, []).append(row.id)
+            alone = ops - {"_operator.getitem"}
+            if len(alone & names) == 1:  # a converter-decomposed op: the builtins of its decomposition
+                alone = alone & names
+            if len(alone) == 1 and builtins:
+                solo.setdefault(next(iter(alone)), []).append((row.id, builtins))
+    return found, {name: min(rows)[1] for name, rows in solo.items()}
 
 
 def support_table():
     regs = _registries()
     tested = tested_by()
+    builtins = edge_builtins()
     notes = {}
     try:
         from edge.op_notes import EDGE_NOTES
@@ -110,15 +207,22 @@ def support_table():
         notes.update(EDGE_NOTES)
     except ImportError:
         pass
+    decomposed = converter_decomposed()
     table = []
     for name, op in inference_core_ops():
-        table.append({
-            "op": name,
-            "tpu": op in regs["tpu"],
-            "edge": op in regs["edge"],
-            "tested": sorted(set(tested.get(name, [])))[:3],
-            "note": notes.get(name, ""),
-        })
+        rows = sorted(set(tested.get(name, [])))
+        note = notes.get(name, "")
+        if name in decomposed and name not in DYNAMIC_ONLY:
+            # never reaches a backend: supported where a row exercises it (the op tests run it on both)
+            tpu = edge = bool(rows)
+            note = "; ".join(x for x in ("decomposed by the converter (torch.export core table) before lowering", note)
+                             if x)
+        else:
+            tpu, edge = op in regs["tpu"], op in regs["edge"]
+        if name in DYNAMIC_ONLY:
+            note = "; ".join(x for x in (note, DYNAMIC_ONLY[name]) if x)
+        table.append({"op": name, "tpu": tpu, "edge": edge, "tested": rows[:3], "n_rows": len(rows),
+                      "litert": builtins.get(name, ()) if edge else (), "note": note})
     return table
 
 
@@ -130,8 +234,10 @@ def coverage_text() -> str:
     table = support_table()
     lines = [f"{'core ATen overload':42s} {'tpu':4s} {'edge':5s} tested"]
     for r in table:
+        extra = f"  (LiteRT: {' '.join(r['litert'])})" if r["litert"] else ""
+        extra += f"  [{r['note']}]" if r["note"] else ""
         lines.append(f"{r['op']:42s} {'yes' if r['tpu'] else 'no':4s} {'yes' if r['edge'] else 'no':5s} "
-                     f"{', '.join(r['tested']) or '-'}")
+                     f"{', '.join(r['tested']) or '-'}{extra}")
     lines.append(f"\n{len(table)} inference core ATen overloads (torch.Tag.core; excluded: "
                  f"{sum(1 for *_, w in core_ops() if w)} in-place/out/backward/training-only/random)")
     lines.append(f"tpu backend lowers {_pct(table, 'tpu'):.1f}%, edge backend lowers {_pct(table, 'edge'):.1f}%")
@@ -158,10 +264,14 @@ def render_markdown() -> str:
     for name, _, why in core_ops():
         if why:
             out.append(f"- `{name}`: {why}")
-    out += ["", "| overload | TPU | edge | tested by (op-test rows) | notes |", "|---|---|---|---|---|"]
+    out += ["", "Edge LiteRT builtins: those written for the first op-test row (by id) whose graph holds that op "
+            "alone (for an op the converter decomposes: the only such op), including any TRANSPOSE/RESHAPE at "
+            "that row's NCHW boundary.",
+            "", "| overload | TPU | edge | edge LiteRT builtins | tested by (op-test rows) | notes |",
+            "|---|---|---|---|---|---|"]
     for r in table:
         out.append(f"| `{r['op']}` | {'yes' if r['tpu'] else 'no'} | {'yes' if r['edge'] else 'no'} | "
-                   f"{', '.join(r['tested']) or '-'} | {r['note']} |")
+                   f"{', '.join(r['litert'])} | {', '.join(r['tested']) or '-'} | {r['note']} |")
     return "\n".join(out) + "\n"
 
 

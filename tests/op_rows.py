@@ -597,6 +597,130 @@ row("div_trunc_mode", lambda a, b: torch.div(a, b, rounding_mode="trunc"), _fx *
 
 
 # --------------------------------------------------------------------------------------
+# coverage rows: one or more per core ATen overload a backend lowers (targets/op_support.py
+# reads the ops of each row's converted graph). Overloads torch.export only writes when asked
+# (add.Scalar, prod.default, ...) are called through torch.ops.aten directly.
+# --------------------------------------------------------------------------------------
+
+aten = torch.ops.aten
+
+row("aten_add_scalar", lambda x: aten.add.Scalar(x, 1.5), r(3, 4))
+row("aten_add_scalar_alpha", lambda x: aten.add.Scalar(x, 2, 3), ints(3, 4), kind="int")
+row("aten_sub_scalar", lambda x: aten.sub.Scalar(x, 0.25), r(3, 4))
+row("aten_mul_scalar", lambda x: aten.mul.Scalar(x, -3), ints(3, 4), kind="int")
+row("aten_div_scalar", lambda x: aten.div.Scalar(x, 4.0), r(3, 4))
+row("aten_div_scalar_floor", lambda x: aten.div.Scalar_mode(x, 1.5, rounding_mode="floor"), r(3, 4, scale=3.0))
+row("aten_ge_scalar", lambda x: aten.ge.Scalar(x, 0.1), r(3, 4), kind="bool")
+row("aten_lt_scalar_int", lambda x: aten.lt.Scalar(x, 2), ints(3, 4, lo=-5, hi=5), kind="bool")
+row("aten_ne_scalar", lambda x: aten.ne.Scalar(x, 1), ints(3, 4, lo=0, hi=3), kind="bool")
+row("aten_alias", lambda x: aten.alias.default(x) * 2.0, r(3, 4))
+row("addmm", torch.addmm, r(3, 5), r(3, 4), r(4, 5))
+row("addmm_beta_alpha", lambda b, x, y: torch.addmm(b, x, y, beta=0.5, alpha=2.0), r(5), r(3, 4), r(4, 5))
+row("any_all_dims", lambda x: aten.any.default(x), bools(3, 4), kind="bool")
+row("any_dim1", lambda x: torch.any(x, dim=1), bools(3, 4, 2), kind="bool")
+row("any_dims_int", lambda x: torch.any(x, dim=(0, 2), keepdim=True), ints(3, 4, 2, lo=0, hi=2), kind="bool")
+# the converter folds small constants; these are past its 64 KiB folding limit, so they stay ops
+row("arange_step3_add", lambda x: x + torch.arange(2, 51002, 3), r(1))
+row("arange_int", lambda x: x * torch.arange(17000, dtype=torch.int32), ints(1), kind="int")
+row("as_strided_view", lambda x: torch.as_strided(x, (3, 4), (4, 1)) * 2.0, r(3, 4))
+row("expm1", torch.expm1, r(3, 4))
+row("log1p", torch.log1p, pos(3, 4, lo=0.0, hi=3.0))
+row("full_add", lambda x: x + torch.full((130, 128), 2.5), r(1))
+row("max_dim", lambda x: torch.max(x, 1), distinct(3, 5))
+row("max_dim_keepdim", lambda x: torch.max(x, 0, keepdim=True), distinct(3, 5))
+row("min_dim", lambda x: torch.min(x, -1), distinct(2, 3, 5))
+row("reflection_pad1d", lambda x: aten.reflection_pad1d(x, [2, 1]), r(2, 3, 6))
+row("reflection_pad2d", lambda x: aten.reflection_pad2d(x, [1, 2, 2, 1]), r(1, 2, 5, 6))
+row("reflection_pad3d", lambda x: aten.reflection_pad3d(x, [1, 1, 0, 1, 1, 0]), r(1, 2, 3, 4, 5))
+row("replication_pad2d", F.pad, r(1, 2, 4, 5), [1, 2, 0, 1], mode="replicate")
+row("replication_pad3d", F.pad, r(1, 2, 3, 3, 4), [1, 0, 1, 1, 0, 1], mode="replicate")
+row("adaptive_avg_pool1d_2", F.adaptive_avg_pool1d, r(2, 3, 8), 2)
+row("avg_pool1d_k3_s2", F.avg_pool1d, r(2, 3, 9), 3, 2)
+row("var_dim_unbiased", lambda x: torch.var(x, 1), r(3, 6))
+row("var_dim_biased_keepdim", lambda x: torch.var(x, -1, unbiased=False, keepdim=True), r(2, 3, 5))
+row("fill_scalar", lambda x: torch.fill(x, 3.0) + x, r(3, 4))
+row("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, 1), r(3, 5), r(5))
+row("slice_scatter", lambda x, s: torch.slice_scatter(x, s, 1, 1, 7, 2), r(3, 8), r(3, 3))
+row("slice_scatter_dim0", lambda x, s: torch.slice_scatter(x, s, 0, 2), r(5, 3), r(3, 3))
+row("scatter_src", lambda x, i, s: x.scatter(1, i, s), r(3, 5),
+    torch.stack([torch.randperm(5, generator=_G)[:2] for _ in range(3)]), r(3, 4))
+row("scatter_value", lambda x, i: x.scatter(0, i, 2.5), r(3, 5), torch.randperm(3, generator=_G)[:1].expand(1, 5) * 1)
+row("scatter_add", lambda x, i, s: x.scatter_add(0, i, s), r(3, 5), torch.randint(0, 3, (4, 5), generator=_G),
+    r(4, 5))
+row("scatter_reduce_amax", lambda x, i, s: x.scatter_reduce(0, i, s, "amax", include_self=False), r(3, 5),
+    torch.randint(0, 3, (4, 5), generator=_G), r(4, 5))
+row("scatter_reduce_sum_dim1", lambda x, i, s: x.scatter_reduce(1, i, s, "sum"), r(3, 5),
+    torch.randint(0, 5, (3, 4), generator=_G), r(3, 6))
+row("scatter_reduce_amin_self", lambda x, i, s: x.scatter_reduce(0, i, s, "amin"), r(3, 5),
+    torch.randint(0, 3, (4, 5), generator=_G), r(4, 5))
+row("scatter_reduce_prod", lambda x, i, s: x.scatter_reduce(0, i, s, "prod", include_self=False), r(3, 5),
+    torch.randint(0, 3, (2, 5), generator=_G), pos(2, 5))
+row("scatter_reduce_mean", lambda x, i, s: x.scatter_reduce(0, i, s, "mean"), r(3, 5),
+    torch.randint(0, 3, (4, 5), generator=_G), r(4, 5))
+row("scatter_reduce_mean_excl", lambda x, i, s: x.scatter_reduce(0, i, s, "mean", include_self=False), r(3, 5),
+    torch.randint(0, 3, (4, 5), generator=_G), r(4, 5))
+row("scatter_reduce_amax_int", lambda x, i, s: x.scatter_reduce(1, i, s, "amax"), ints(2, 4),
+    torch.randint(0, 4, (2, 3), generator=_G), ints(2, 3), kind="int")
+row("index_put", lambda x, i, v: x.index_put((i,), v), r(6, 4), torch.tensor([4, 0, -1]), r(3, 4))
+row("index_put_acc", lambda x, i, v: x.index_put((i,), v, accumulate=True), r(6, 4), torch.tensor([1, 1, 3]),
+    r(3, 4))
+row("index_put_2d", lambda x, i, j, v: x.index_put((i, j), v), r(4, 5), torch.tensor([0, 3, 2]),
+    torch.tensor([4, 1, 2]), r(3))
+row("masked_scatter", lambda x, m, s: x.masked_scatter(m, s), r(3, 4), bools(3, 4), r(12))
+row("atan2", torch.atan2, r(3, 4), r(3, 4))
+row("atan", torch.atan, r(3, 4, scale=3.0))
+row("asin", torch.asin, u(3, 4, lo=-0.95, hi=0.95))
+row("acos", torch.acos, u(3, 4, lo=-0.95, hi=0.95))
+row("tan", torch.tan, u(3, 4, lo=-1.2, hi=1.2))
+row("sinh", torch.sinh, r(3, 4))
+row("cosh", torch.cosh, r(3, 4))
+row("asinh", torch.asinh, r(3, 4, scale=3.0))
+row("acosh", torch.acosh, pos(3, 4, lo=1.05, hi=5.0))
+row("atanh", torch.atanh, u(3, 4, lo=-0.9, hi=0.9))
+row("log2", torch.log2, pos(3, 4, lo=0.1, hi=10.0))
+row("log10", torch.log10, pos(3, 4, lo=0.1, hi=10.0))
+row("trunc", torch.trunc, away_from_half(3, 4))
+row("isnan", torch.isnan, torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -2.0]), kind="bool")
+row("isinf", torch.isinf, torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -2.0]), kind="bool")
+row("bool_bitwise_or", torch.bitwise_or, bools(3, 4), bools(3, 4), kind="bool")
+row("bool_bitwise_not", torch.bitwise_not, bools(3, 4), kind="bool")
+row("bool_bitwise_or_scalar", lambda x: aten.bitwise_or.Scalar(x, False), bools(3, 4), kind="bool")
+row("bool_bitwise_and_scalar", lambda x: aten.bitwise_and.Scalar(x, True), bools(3, 4), kind="bool")
+row("bitwise_xor_scalar", lambda x: x ^ 5, ints(3, 4, lo=0, hi=64), kind="int")
+row("prod_all", torch.prod, pos(2, 3, lo=0.7, hi=1.4))
+row("diagonal", lambda x: torch.diagonal(x, 1, -2, -1), r(2, 4, 5))
+row("diagonal_neg_offset", lambda x: torch.diagonal(x, -1, 0, 2), r(4, 2, 3))
+row("native_layer_norm", lambda x, w, b: aten.native_layer_norm(x, [6], w, b, 1e-5), r(2, 3, 6), r(6), r(6))
+row("native_group_norm", lambda x, w, b: aten.native_group_norm(x, w, b, 2, 4, 6, 2, 1e-5), r(2, 4, 2, 3),
+    r(4), r(4))
+row("cdist_p2", torch.cdist, r(2, 5, 3), r(2, 4, 3))
+row("cdist_p1", lambda a, b: torch.cdist(a, b, p=1.0), r(5, 3), r(4, 3))
+row("empty_fill", lambda x: x + torch.empty(3, 4).fill_(1.5), r(3, 4))
+row("empty_strided_fill", lambda x: x + torch.empty_strided((3, 4), (4, 1)).fill_(0.5), r(3, 4))
+row("copy", lambda x, y: aten.copy.default(x, y), r(3, 4), r(4))
+# integer / boolean variants of the scatters and data movement above
+row("slice_scatter_int", lambda x, s: torch.slice_scatter(x, s, 1, 0, 4, 2), ints(3, 6), ints(3, 2), kind="int")
+row("scatter_add_int", lambda x, i, s: x.scatter_add(1, i, s), ints(2, 4), torch.randint(0, 4, (2, 3), generator=_G),
+    ints(2, 3), kind="int")
+row("index_put_int_acc", lambda x, i, v: x.index_put((i,), v, accumulate=True), ints(5, 3), torch.tensor([0, 4, 0]),
+    ints(3, 3), kind="int")
+row("masked_scatter_bool", lambda x, m, s: x.masked_scatter(m, s), bools(2, 5), bools(2, 5), bools(10), kind="bool")
+row("diagonal_int", lambda x: torch.diagonal(x), ints(4, 4), kind="int")
+row("copy_int_to_float", lambda x, y: aten.copy.default(x, y), r(2, 3), ints(2, 3))
+row("avg_pool3d", lambda x: F.avg_pool3d(x, 2), r(1, 2, 4, 4, 4))
+row("max_pool3d", lambda x: F.max_pool3d(x, 2), distinct(1, 2, 4, 4, 4))
+row("avg_pool3d_k323_s212", lambda x: F.avg_pool3d(x, (3, 2, 3), (2, 1, 2)), r(2, 2, 5, 4, 7))
+row("max_pool3d_k232_s1", lambda x: F.max_pool3d(x, (2, 3, 2), 1), distinct(1, 3, 3, 5, 4))
+row("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 1, 2)), r(1, 2, 4, 3, 4))
+row("grid_sample_bilinear_border_ac", lambda x, g: F.grid_sample(x, g, padding_mode="border", align_corners=True),
+    r(2, 3, 5, 4), u(2, 2, 3, 2, lo=-1.2, hi=1.2))
+row("grid_sample_nearest", lambda x, g: F.grid_sample(x, g, mode="nearest", align_corners=False), r(1, 2, 5, 6),
+    u(1, 4, 3, 2, lo=-1.1, hi=1.1))
+row("grid_sample_bilinear", lambda x, g: F.grid_sample(x, g, align_corners=False), r(1, 2, 4, 5),
+    u(1, 3, 4, 2, lo=-1.1, hi=1.1))
+
+
+# --------------------------------------------------------------------------------------
 
 
 def rows_by_id() -> dict[str, OpRow]:
