@@ -178,7 +178,39 @@ def unbind(lw, x, dim=0):
 @lowering(aten.index_select.default)
 def index_select(lw, x, dim, index):
     dim %= x.rank
+    runs = _unit_runs(index, x.shape[dim])
+    if runs is not None:  # torch.roll decomposes to a constant rotation index: slices beat GATHER
+        return _slices_concat(lw, x, dim, runs)
     return _gather(lw, x, dim, index)
+
+
+def _unit_runs(index, n, most: int = 2):
+    """A constant 1-D index made of at most ``most`` ascending unit-step runs (a rotation, as
+    torch.roll's decomposition gives): [(start, stop), ...]; otherwise None."""
+    if n is None or not index.is_const or index.rank != 1 or index.shape[0] == 0:
+        return None
+    idx = np.asarray(index.const).astype(np.int64)
+    if idx.min() < 0 or idx.max() >= n:
+        return None
+    breaks = np.nonzero(np.diff(idx) != 1)[0] + 1
+    if len(breaks) + 1 > most:
+        return None
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(idx, breaks)]
+
+
+def _slices_concat(lw, x, dim, runs):
+    shape = lw.out_shape()
+    if runs == [(0, x.shape[dim])]:
+        return lw.alias(x)
+    parts = []
+    for start, stop in runs:
+        part_shape = list(shape)
+        part_shape[dim] = stop - start
+        parts.append(strided_slice(lw, x, {dim: (start, stop, 1)}, out_shape=tuple(part_shape)))
+    if len(parts) == 1:
+        return parts[0]
+    opts = lw.options("Concatenation", axis=x.perm.index(dim), fusedActivationFunction=0)
+    return lw.op("CONCATENATION", [lw.tensor(p, x.perm) for p in parts], shape, x.dtype, x.perm, opts)
 
 
 def _gather(lw, x, dim, index):
