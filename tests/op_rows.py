@@ -718,6 +718,38 @@ row("grid_sample_nearest", lambda x, g: F.grid_sample(x, g, mode="nearest", alig
     u(1, 4, 3, 2, lo=-1.1, hi=1.1))
 row("grid_sample_bilinear", lambda x, g: F.grid_sample(x, g, align_corners=False), r(1, 2, 4, 5),
     u(1, 3, 4, 2, lo=-1.1, hi=1.1))
+# dtype breadth: int8 / uint8 variants of elementwise, comparison, data-movement and cast ops.
+# Values stay well inside the range of the dtype, so no result wraps (torch) or saturates (LiteRT).
+# int8/uint8 add/sub/eq/lt abort the LiteRT interpreter (its int8 kernels expect quantized
+# tensors), so an xfail cannot hold them; they live in tests/tpu/test_ops.py LOCAL_ROWS.
+D = (2, 3, 4)
+row("dt_i8_mul", torch.mul, ints(*D, lo=-8, hi=8, dtype=torch.int8), ints(*D, lo=-8, hi=8, dtype=torch.int8),
+    kind="int")
+row("dt_i8_maximum", torch.maximum, ints(*D, dtype=torch.int8), ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_minimum", torch.minimum, ints(*D, dtype=torch.int8), ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_neg", torch.neg, ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_abs", torch.abs, ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_relu", torch.relu, ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_clamp", lambda x: x.clamp(-5, 5), ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_where", torch.where, bools(*D), ints(*D, dtype=torch.int8), ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_cat", lambda a, b: torch.cat([a, b], 1), ints(*D, dtype=torch.int8), ints(2, 2, 4, dtype=torch.int8),
+    kind="int")
+row("dt_i8_permute", lambda x: x.permute(2, 0, 1), ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_slice", lambda x: x[:, 1:, ::2], ints(*D, dtype=torch.int8), kind="int")
+row("dt_i8_to_f32", lambda x: x.to(torch.float32), ints(*D, dtype=torch.int8))
+row("dt_f32_to_i8", lambda x: x.round().clamp(-100, 100).to(torch.int8),
+    away_from_half(*D) + 10 * ints(*D, lo=-9, hi=9).float(), kind="int")
+row("dt_u8_mul", torch.mul, ints(*D, lo=0, hi=15, dtype=torch.uint8), ints(*D, lo=0, hi=15, dtype=torch.uint8),
+    kind="int")
+row("dt_u8_maximum", torch.maximum, ints(*D, lo=0, hi=250, dtype=torch.uint8),
+    ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
+row("dt_u8_minimum", torch.minimum, ints(*D, lo=0, hi=250, dtype=torch.uint8),
+    ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
+row("dt_u8_where", torch.where, bools(*D), ints(*D, lo=0, hi=250, dtype=torch.uint8),
+    ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
+row("dt_u8_reshape", lambda x: x.reshape(4, 6), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
+row("dt_u8_transpose", lambda x: x.transpose(0, 2), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
+row("dt_u8_to_f32", lambda x: x.to(torch.float32), ints(*D, lo=0, hi=250, dtype=torch.uint8))
 
 
 # --------------------------------------------------------------------------------------

@@ -41,6 +41,10 @@ def _idx(*shape, hi):
     return torch.randint(0, hi, shape, generator=_G)
 
 
+def _ints(lo, hi, dtype, shape=(2, 3, 4)):
+    return torch.randint(lo, hi, shape, generator=_G, dtype=dtype)
+
+
 def _local(id, fn, *args, kind="float", rtol=1e-5, why="", **kwargs):
     return OpRow(id, fn, tuple(args), kwargs, rtol, 0.0, why, kind)
 
@@ -151,6 +155,23 @@ LOCAL_ROWS = [
     _local("tpu_fill", lambda x: torch.fill(x, 3.0), _r(2, 3)),
     _local("tpu_isnan_family", lambda x: (torch.isnan(x), torch.isinf(x), torch.isfinite(x), torch.nan_to_num(x)),
            torch.tensor([1.0, float("nan"), float("inf"), -float("inf")]), kind="bool"),
+    # int8/uint8 arithmetic and comparisons (these abort the LiteRT interpreter, so they are not
+    # in the shared table; the other int8/uint8 rows are tests.op_rows dt_*). In range: no wrap.
+    _local("tpu_dt_i8_add", torch.add, _ints(-20, 20, torch.int8), _ints(-20, 20, torch.int8), kind="int"),
+    _local("tpu_dt_i8_sub", torch.sub, _ints(-20, 20, torch.int8), _ints(-20, 20, torch.int8), kind="int"),
+    _local("tpu_dt_i8_eq", torch.eq, _ints(-2, 2, torch.int8), _ints(-2, 2, torch.int8), kind="bool"),
+    _local("tpu_dt_i8_lt", torch.lt, _ints(-20, 20, torch.int8), _ints(-20, 20, torch.int8), kind="bool"),
+    _local("tpu_dt_u8_add", torch.add, _ints(0, 100, torch.uint8), _ints(0, 100, torch.uint8), kind="int"),
+    _local("tpu_dt_u8_sub", torch.sub, _ints(100, 200, torch.uint8), _ints(0, 100, torch.uint8), kind="int"),
+    _local("tpu_dt_u8_eq", torch.eq, _ints(0, 3, torch.uint8), _ints(0, 3, torch.uint8), kind="bool"),
+    _local("tpu_dt_u8_lt", torch.lt, _ints(0, 250, torch.uint8), _ints(0, 250, torch.uint8), kind="bool"),
+    # float16 inputs (TPU only: the shared table has no per-backend rows). torch computes in fp16 on
+    # CPU too; fp16 eps is 2**-10, so one or two roundings stay under 2e-3 of the largest value.
+    _local("tpu_dt_f16_add", torch.add, _r(2, 3, 4).half(), _r(2, 3, 4).half(), rtol=2e-3, why="fp16 rounding"),
+    _local("tpu_dt_f16_mul", torch.mul, _r(2, 3, 4).half(), _r(2, 3, 4).half(), rtol=2e-3, why="fp16 rounding"),
+    _local("tpu_dt_f16_relu_max", lambda a, b: torch.maximum(torch.relu(a), b), _r(2, 3, 4).half(),
+           _r(2, 3, 4).half()),
+    _local("tpu_dt_f16_to_f32", lambda x: x.float() * 2, _r(2, 3, 4).half()),
 ]
 
 
