@@ -40,10 +40,19 @@ def operand(lw, v: Val, rank: int, perm) -> int:
     return lw.tensor(v, perm)
 
 
-def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None):
+_SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None, out_dtype=None):
     """``op`` on a and b broadcast, computed in ``dtype`` (default: the node's output dtype)."""
-    out_dtype = lw.out_dtype()
+    out_dtype = np.dtype(out_dtype or lw.out_dtype())
     dtype = np.dtype(dtype or out_dtype)
+    if dtype in _SMALL_INTS:
+        # LiteRT's int8/uint8 kernels expect quantized tensors: on plain ones they abort or
+        # rescale. Compute in int32 and cast back (wrapping, as torch's int8 arithmetic does).
+        wide = np.dtype(np.int32) if out_dtype in _SMALL_INTS else out_dtype
+        r = binary(lw, op, a, b, dtype=np.int32, shape=shape, out_dtype=wide)
+        return lw.cast(r, out_dtype)
     a, b = lw.cast(as_val(lw, a, dtype), dtype), lw.cast(as_val(lw, b, dtype), dtype)
     shape = lw.out_shape() if shape is None else shape
     perm = ref_perm([a, b], len(shape))

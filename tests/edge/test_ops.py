@@ -24,8 +24,6 @@ XFAIL: dict[str, str] = {
     "bitwise_or": _NO_INT_BITWISE,
     "bitwise_not": _NO_INT_BITWISE,
     "bitwise_left_shift": _NO_INT_BITWISE,
-    "dt_i8_mul": _INT8_QUANT,
-    "dt_u8_mul": _INT8_QUANT,
     "dt_i8_relu": _INT8_QUANT,
     "dt_i8_abs": "LiteRT ABS refuses a non-quantized int8 input (fails to prepare)",
 }
