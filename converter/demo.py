@@ -54,7 +54,7 @@ def _run(path, args):
 
 def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None) -> int:
     from .cli import _progress
-    from .multi_target import convert
+    from .multi_target import artifact_size, convert
 
     targets = list(targets or DEFAULT_TARGETS)
     say = _progress(quiet)
@@ -69,8 +69,7 @@ def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None
         total = time.perf_counter() - t0
         for target, path in written.items():
             got = _run(path, args)
-            size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) \
-                if os.path.isdir(path) else os.path.getsize(path)
+            size = artifact_size(path)
             rows.append((name, target, path, size, max_rel_err(got, want), total))
     print(f"{'model':12s} {'target':9s} {'size':>10s} {'max rel err':>12s} {'convert s':>9s}  artifact")
     bad = 0

@@ -15,7 +15,7 @@ from typing import Callable
 from .errors import ConversionError
 from .pipeline import SignatureRequest, prepare_many
 
-__all__ = ["convert"]
+__all__ = ["convert", "artifact_size"]
 
 
 def _backend(name: str):
@@ -79,7 +79,7 @@ def convert(
         path, info = backends[t.backend].write_for_target(prog, t, out_dir, options, say)
         written[t.name] = path
         summary["targets"][t.name] = {"path": os.path.relpath(path, out_dir), "seconds": round(time.perf_counter() - t1, 3),
-                                      "bytes": _size(path), **info}
+                                      "bytes": artifact_size(path), **info}
     summary["signatures"] = {
         s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs],
                  "outputs": [(o.name, list(o.shape), str(o.dtype)) for o in s.outputs]}
@@ -92,7 +92,8 @@ def convert(
     return written
 
 
-def _size(path: str) -> int:
+def artifact_size(path: str) -> int:
+    """Bytes of an artifact: a file, or every file under a directory."""
     if os.path.isdir(path):
         return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
     return os.path.getsize(path)

@@ -55,10 +55,11 @@ def describe_tflite(path: str) -> str:
 def describe_artifact(path: str) -> str:
     import tpu_backend
 
+    from converter.multi_target import artifact_size
+
     art = tpu_backend.read_artifact(path)
     m = art.manifest
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs) \
-        if os.path.isdir(path) else os.path.getsize(path)
+    size = artifact_size(path)
     wbytes = sum(getattr(w, "nbytes", 0) for w in art.weights.values())
     lines = [f"{path}: TPU artifact format {m['format_version']}, {size:,} bytes "
              f"(weights {wbytes:,} bytes in {len(art.weights)} tensors)",

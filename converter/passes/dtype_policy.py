@@ -11,13 +11,12 @@ import warnings
 
 import torch
 
-from ..interpret import NarrowingInterpreter
+from ..interpret import NARROW, NarrowingInterpreter
 from ..errors import DtypePolicyError, source_line
 from ..program import Program, refresh_signature_specs
 from ..registry import op_name
 from ._util import fake_mode_of
 
-NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
 _I32 = (-(2**31), 2**31 - 1)
 
 
