@@ -7,12 +7,16 @@ A backend that is handed a kept op it does not lower decomposes that op itself w
 
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 __all__ = ["KEEP_WHOLE", "decomposition_table", "decompose", "decompose_nodes"]
 
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 # Ops worth lowering whole: each maps onto one fused builtin (LiteRT) or a Pallas/XLA pattern
 # that the decomposed form would have to be pattern-matched back into.
@@ -45,8 +49,26 @@ def decomposition_table(keep=KEEP_WHOLE) -> dict:
     return table
 
 
-def decompose(exported: torch.export.ExportedProgram, keep=KEEP_WHOLE) -> torch.export.ExportedProgram:
+def decompose(exported: torch.export.ExportedProgram, keep=KEEP_WHOLE, *, in_place: bool = False
+              ) -> torch.export.ExportedProgram:
+    """Core ATen + ``keep``. ``in_place=True`` (for a program this process just exported and owns)
+    rewrites the graph node by node instead of re-tracing it (converter/lean_decompose.py), and
+    re-traces only when that pass cannot prove a rewrite safe."""
+    if in_place:
+        from .lean_decompose import NeedsFullRetrace, decompose_in_place
+
+        try:
+            decompose_in_place(exported, _plain_table(frozenset(keep)), frozenset(keep))
+            return exported
+        except NeedsFullRetrace as why:
+            log.debug("node-by-node decomposition declined (%s); re-tracing", why)
+            exported.graph_module.recompile()  # every rewrite made so far preserved the program
     return exported.run_decompositions(decomposition_table(keep))
+
+
+@functools.lru_cache(maxsize=4)
+def _plain_table(keep: frozenset) -> dict:
+    return dict(decomposition_table(keep))
 
 
 def _decomposition_fn(op):

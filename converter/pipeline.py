@@ -35,7 +35,8 @@ def prepare_many(requests: list[SignatureRequest], *, strict="auto", enable_x64=
     exported = {}
     for r in requests:
         ep = capture(r.module, r.args, r.kwargs, dynamic_shapes=r.dynamic_shapes, strict=strict)
-        ep = decompose(ep, keep)
+        # in place only when capture exported the module here: a caller's ExportedProgram stays untouched
+        ep = decompose(ep, keep, in_place=isinstance(r.module, torch.nn.Module))
         info = {
             "args": _as_tuple(r.args),
             "kwargs": r.kwargs or {},
