@@ -68,7 +68,15 @@ def decompose(exported: torch.export.ExportedProgram, keep=KEEP_WHOLE, *, in_pla
 
 @functools.lru_cache(maxsize=4)
 def _plain_table(keep: frozenset) -> dict:
-    return dict(decomposition_table(keep))
+    # core_aten_decompositions() is the table minus the composite (CIA) ops, which the node-by-node
+    # pass decomposes through their own kernel; skipping the enumeration of every CIA op that
+    # default_decompositions() does saves ~0.1 s per conversion.
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    for op in keep:
+        table.pop(op, None)
+    return table
 
 
 def _decomposition_fn(op):

@@ -57,8 +57,8 @@ def decompose_in_place(ep: torch.export.ExportedProgram, table: dict, keep) -> i
     graph = gm.graph
     for n in graph.nodes:
         v = n.meta.get("val")
-        if n.op == "placeholder" and isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
-            raise NeedsFullRetrace("symbolic shapes")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape)):
+            raise NeedsFullRetrace("symbolic or data-dependent shapes")
         if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.fx.GraphModule):
             raise NeedsFullRetrace("higher-order op subgraph")
     cache: dict = {}
