@@ -347,6 +347,8 @@ row("conv2d_depthwise", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), padding=1,
 row("conv2d_depthwise_mult2", F.conv2d, r(2, 4, 8, 8), r(8, 1, 3, 3), r(8), padding=1, groups=4, weights=(1, 2))
 row("conv2d_depthwise_stride2", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), stride=2, padding=1, groups=4, weights=(1, 2))
 row("conv2d_depthwise_k7", F.conv2d, r(2, 4, 8, 8), r(4, 1, 7, 7), r(4), padding=3, groups=4, weights=(1, 2))
+row("conv2d_depthwise_dilated", F.conv2d, r(2, 4, 9, 9), r(4, 1, 3, 3), r(4), padding=2, dilation=2, groups=4, weights=(1, 2))
+row("conv2d_depthwise_mixed", F.conv2d, r(1, 6, 9, 7), r(6, 1, 3, 5), None, stride=(2, 1), padding=(1, 0), groups=6, weights=(1,))
 row("conv2d_nobias", F.conv2d, r(*X), r(4, 3, 3, 3), padding=1, weights=(1,))
 row("conv2d_1x1", F.conv2d, r(*X), r(5, 3, 1, 1), r(5), weights=(1, 2))
 row("conv2d_asym_kernel", F.conv2d, r(*X), r(4, 3, 3, 5), r(4), padding=(1, 2), weights=(1, 2))
