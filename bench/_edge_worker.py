@@ -1,6 +1,6 @@
 """One conversion in a fresh process (ours or the peer's), so time and peak RSS are its own.
 
-Usage: python bench/_edge_worker.py {ours|peer} MODEL OUT.tflite  -> prints one JSON line.
+Usage: python bench/_edge_worker.py {ours|peer|export-only} MODEL OUT.tflite  -> prints one JSON line.
 Runs under the project venv (ours) or the peer's venv (Google's litert-torch, same module name).
 """
 
@@ -24,9 +24,16 @@ def main():
 
     module, args = build(name)
     t0 = time.perf_counter()
-    model = litert_torch.convert(module, args)
-    convert_s = time.perf_counter() - t0
-    model.export(out)
+    if impl == "export-only":
+        # The floor of any torch.export-based converter in a fresh process: importing torch.export's
+        # tracer (torch._dynamo and friends) plus one export, with nothing converted.
+        with torch.no_grad():
+            torch.export.export(module, args, strict=False)
+        convert_s = time.perf_counter() - t0
+    else:
+        model = litert_torch.convert(module, args)
+        convert_s = time.perf_counter() - t0
+        model.export(out)
     print(json.dumps({
         "impl": impl, "model": name, "convert_s": convert_s,
         "process_s": time.perf_counter() - t_start,

@@ -5,7 +5,9 @@
 Installs litert-torch 0.10.0 into its own venv (.bench-venv-peer; it owns the module name
 `litert_torch`), converts each model with both in fresh subprocesses (conversion wall time, peak
 RSS), then measures in this process: .tflite size, LiteRT interpreter latency (1 thread, median of
---runs), max rel err vs torch eager. Prints per-model figures and our/peer ratios.
+--runs), max rel err vs torch eager. Prints per-model figures and our/peer ratios, plus the time of
+torch.export alone in a fresh process ("export": importing its tracer and exporting once) and the
+speed-up that floor allows ("x bound" = peer time / export time).
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def main():
                 ref = module(*args)
             params = list(inspect.signature(module.forward).parameters)
             inputs = [x.numpy().astype(np.int32) if x.dtype == torch.int64 else x.numpy() for x in args]
-            row = {"model": name}
+            row = {"model": name, "export": convert_in_subprocess(ours_py, "export-only", name, os.devnull)}
             for impl, py in (("ours", ours_py), ("peer", peer_py)):
                 out = os.path.join(tmp, f"{name}.{impl}.tflite")
                 info = convert_in_subprocess(py, impl, name, out)
@@ -130,11 +132,11 @@ def main():
 
 
 def report(rows):
-    hdr = (f"{'model':14s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'rss ours':>8s} {'rss peer':>8s} "
+    hdr = (f"{'model':14s} {'export':>7s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'x bound':>7s} {'rss ours':>8s} {'rss peer':>8s} "
            f"{'rss ratio':>9s} {'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} {'size ratio':>10s} {'err ours':>9s} {'err peer':>9s}")
     print(hdr)
-    sums = {"co": 0, "cp": 0}
-    speed, rss, lat, size = [], [], [], []
+    sums = {"co": 0, "cp": 0, "ex": 0}
+    speed, bound, rss, lat, size = [], [], [], [], []
     for r in rows:
         o, p = r.get("ours", {}), r.get("peer", {})
         if "error" in o or "error" in p:
@@ -143,16 +145,22 @@ def report(rows):
         sums["co"] += o["convert_s"]
         sums["cp"] += p["convert_s"]
         speed.append(p["convert_s"] / o["convert_s"])
+        ex = r.get("export", {}).get("convert_s", float("nan"))
+        sums["ex"] += ex
+        bound.append(p["convert_s"] / ex)  # the speed-up a converter that took no time after torch.export would get
         rss.append(o["peak_rss_mb"] / p["peak_rss_mb"])
         lat.append(o["latency_ms"] / p["latency_ms"])
         size.append(o["size"] / p["size"])
-        print(f"{r['model']:14s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o['peak_rss_mb']:8.0f} "
+        print(f"{r['model']:14s} {ex:7.2f} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {bound[-1]:7.2f} "
+              f"{o['peak_rss_mb']:8.0f} "
               f"{p['peak_rss_mb']:8.0f} {rss[-1]:9.2f} {o['latency_ms']:8.3f} {p['latency_ms']:8.3f} {lat[-1]:9.2f} "
               f"{size[-1]:10.3f} {o['rel_err']:9.1e} {p['rel_err']:9.1e}")
     if speed:
         import statistics as st
 
         print(f"\nconversion: {sums['cp'] / sums['co']:.2f}x faster summed (goal >= 3x), min {min(speed):.2f}x (goal >= 2x)")
+        print(f"  bound set by torch.export alone (import + one export, fresh process): {sums['cp'] / sums['ex']:.2f}x "
+              f"summed, min {min(bound):.2f}x")
         print(f"peak RSS: max ratio {max(rss):.2f} (goal <= 0.7)")
         print(f"latency: median ratio {st.median(lat):.2f} (goal <= 1.00), max {max(lat):.2f} (goal <= 1.10)")
         print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")
