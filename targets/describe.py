@@ -64,6 +64,9 @@ def describe_artifact(path: str) -> str:
     lines = [f"{path}: TPU artifact format {m['format_version']}, {size:,} bytes "
              f"(weights {wbytes:,} bytes in {len(art.weights)} tensors)",
              f"  platforms {m['platforms']}; made with {json.dumps(m.get('created_by', {}))}"]
+    if m.get("quant"):
+        q = m["quant"]
+        lines.append(f"  quantized: {q['scheme']}, {len(q['weights'])} weights as int8 + per-channel scales")
     for name, sig in art.signatures.items():
         lines.append(f"  signature {name!r}")
         for kind, specs in (("input", sig.inputs), ("output", sig.outputs)):

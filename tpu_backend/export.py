@@ -65,6 +65,7 @@ class ExportedBundle:
     compiled: list = dataclasses.field(default_factory=list)  # aot.CompiledTarget
     quant: str | None = None  # "weight_only_int8" when linear weights are stored as int8 + scales
     quantized_weights: list = dataclasses.field(default_factory=list)  # program weight names stored as int8
+    quant_parts: dict = dataclasses.field(default_factory=dict)  # weight name -> (int8 name, scale name)
 
     def save(self, path, **kw):
         from .artifact import save
@@ -133,6 +134,7 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
                             partition_rules=partition_rules)
     if qconfig is not None:
         bundle.quant, bundle.quantized_weights = "weight_only_int8", quantized
+        bundle.quant_parts = {n: plan.part_names(n) for n in quantized}
     return bundle
 
 

@@ -93,6 +93,11 @@ class TpuProgram:
     # ------------------------------------------------------------------ public
 
     @property
+    def quant(self) -> dict | None:
+        """The artifact's quantization record (scheme and the int8/scale tensors of each weight), or None."""
+        return self.manifest.get("quant")
+
+    @property
     def signature_names(self) -> list[str]:
         return list(self._sigs)
 

@@ -225,6 +225,12 @@ def test_edited_manifest_fails_its_digest(art_dir):
     (lambda m: m["signatures"]["serving_default"]["output_structure"].update(kind="lambda"),
      "output_structure: expected a node with kind"),
     (lambda m: m.update(platforms=["cpu"]), r"platforms \['cpu'\] disagree with the export"),
+    (lambda m: m.update(quant={"scheme": "weight_only_int8", "weights": {"fc1.weight": {"int8": "fc1.weight",
+                                                                                      "scale": "fc1.bias"}}}),
+     r"quant.weights\['fc1.weight'\] must name an int8 tensor"),
+    (lambda m: m.update(quant={"scheme": "int3", "weights": {}}), "quant must name a scheme"),
+    (lambda m: m.update(format_version=1), r"fields \['quant'\] do not exist in format version 1"),
+    (lambda m: m.pop("quant"), r"missing fields \['quant'\]"),
 ])
 def test_tampered_manifest_with_recomputed_digest(art_dir, edit, message):
     m = _manifest(art_dir)

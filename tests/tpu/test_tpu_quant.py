@@ -63,6 +63,10 @@ def test_llama_int8_artifact_size_accuracy_kernel_and_aot(llama, tmp_path):
     assert compiled.report["signatures"]["serving_default"]["executable_bytes"] > 0
     int8_path = bundle.save(tmp_path / "int8.tpuexp")
 
+    assert tpu_backend.load(f32_path).quant is None
+    record = tpu_backend.load(int8_path).quant  # the manifest names what each quantized weight became
+    assert record["scheme"] == "weight_only_int8" and sorted(record["weights"]) == sorted(linears)
+    assert record["weights"][linears[0]] == {"int8": f"{linears[0]}.int8", "scale": f"{linears[0]}.int8_scale"}
     f32_table, int8_table = _weights_table(f32_path), _weights_table(int8_path)
     float_bytes = sum(_nbytes(f32_table[n]) for n in linears)
     int8_bytes = sum(_nbytes(int8_table[f"{n}{sfx}"]) for n in linears for sfx in (".int8", ".int8_scale"))

@@ -6,6 +6,9 @@ keep MIN_READABLE_VERSION at the oldest version this loader still reads correctl
   1  first release: manifest.json, signatures/<name>.jaxexport (jax.export serialization),
      weights.safetensors, optional compiled/<target>-<topology>/<signature>.bin (raw PJRT
      executable bytes, no pickle) with report.json (cost and memory analysis).
+  2  adds "quant": null, or {"scheme": "weight_only_int8", "weights": {name: {"int8": ..., "scale": ...}}}
+     naming, for each quantized program weight, the int8 tensor and the per-channel f32 scales that
+     replace it in the weights table. A version-1 manifest reads as "quant": null.
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MIN_READABLE_VERSION", "manifest_di
            "validate_manifest", "safe_relpath"]
 
 FORMAT_NAME = "tpu-export.tpuexp"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MIN_READABLE_VERSION = 1
+QUANT_SCHEMES = ("weight_only_int8",)
 
 _TOP_KEYS = {"format", "format_version", "created_by", "program_fingerprint", "platforms", "dtype",
              "enable_x64", "mesh", "partition_rules", "weights", "signatures", "compiled", "files",
-             "manifest_sha256"}
+             "manifest_sha256", "quant"}
+_SINCE = {"quant": 2}  # fields added after version 1, by the version that added them
 _PLATFORMS = {"tpu", "cpu", "cuda", "rocm"}
 
 
@@ -70,8 +75,11 @@ def validate_manifest(m: dict) -> None:
 
     extra = set(m) - _TOP_KEYS
     need(not extra, f"unexpected fields {sorted(extra)}")
-    missing = _TOP_KEYS - set(m) - {"partition_rules"}
+    version = m.get("format_version") if isinstance(m.get("format_version"), int) else FORMAT_VERSION
+    missing = _TOP_KEYS - set(m) - {"partition_rules"} - {k for k, v in _SINCE.items() if version < v}
     need(not missing, f"missing fields {sorted(missing)}")
+    late = [k for k, v in _SINCE.items() if k in m and version < v]
+    need(not late, f"fields {late} do not exist in format version {version}")
     need(m["manifest_sha256"] == manifest_digest(m),
          "its content does not match its recorded digest (manifest_sha256): the manifest was edited "
          "after it was written. Re-export the model rather than editing the manifest.")
@@ -98,6 +106,15 @@ def validate_manifest(m: dict) -> None:
     need(w["file"] in files, f"weights file {w['file']!r} is not listed in files")
     for name, t in w["tensors"].items():
         _check_tensor(t, f"weights.tensors[{name!r}]", axes, need, dynamic=False)
+
+    q = m.get("quant")
+    if q is not None:
+        need(isinstance(q, dict) and q.get("scheme") in QUANT_SCHEMES and isinstance(q.get("weights"), dict),
+             f"quant must name a scheme from {list(QUANT_SCHEMES)} and its weights")
+        for name, e in q["weights"].items():
+            need(isinstance(e, dict) and w["tensors"].get(e.get("int8"), {}).get("dtype") == "int8"
+                 and w["tensors"].get(e.get("scale"), {}).get("dtype") == "float32",
+                 f"quant.weights[{name!r}] must name an int8 tensor and a float32 scale of the weights table")
 
     sigs = m["signatures"]
     need(isinstance(sigs, dict) and sigs, "signatures must be a non-empty object")

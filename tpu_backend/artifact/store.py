@@ -103,6 +103,9 @@ def save(bundle, path, *, single_file: bool | None = None) -> str:
             "weights": {"file": "weights.safetensors", "tensors": weights_meta},
             "signatures": sigs,
             "compiled": compiled,
+            "quant": ({"scheme": bundle.quant,
+                       "weights": {n: {"int8": q, "scale": sc} for n, (q, sc) in sorted(bundle.quant_parts.items())}}
+                      if bundle.quant else None),
             "files": dict(sorted(stage.files.items())),
         }
         manifest["manifest_sha256"] = fmt.manifest_digest(manifest)
