@@ -2,6 +2,11 @@
 float model, ours (edge + ai-edge-quantizer) and Google's litert-torch 0.10.0 where it offers the scheme.
 
     .venv/bin/python bench/quant.py [--models resnet18,mobilenet_v2,vit] [--runs 30] [--eval 200] [--no-peer]
+                                    [--zoo-sizes]
+
+The models are tests/zoo.py's WIDE variants, the ones tests/edge/test_quant.py checks (MobileNetV2 at
+width 1.0, ViT at ViT-Ti's width: weights dominate the file as in the real models); --zoo-sizes takes
+the zoo's own tiny builds instead.
 
 Each implementation converts a model (float + every scheme) in a fresh subprocess (the peer in its own
 venv, .bench-venv-peer; see bench/edge_vs_litert_torch.py); this process then measures every .tflite
@@ -14,7 +19,7 @@ full_dynamic_recipe, full_weight_only_recipe (int8 / INT4), full_fp16_recipe) as
 static int8 its PT2E flow (PT2EQuantizer + torchao prepare_pt2e / convert_pt2e on the same calibration
 inputs, then convert with QuantConfig(pt2e_quantizer=...)). A scheme it refuses shows its error.
 
-Worker mode (internal): bench/quant.py --worker {ours|peer} MODEL OUT_DIR SCHEMES
+Worker mode (internal): bench/quant.py --worker {ours|peer} MODEL OUT_DIR SCHEMES {wide|zoo}
 """
 
 from __future__ import annotations
@@ -94,13 +99,17 @@ def _convert_peer(module, args, scheme, cal):
     return litert_torch.convert(m, args, quant_config=QuantConfig(pt2e_quantizer=quantizer))
 
 
-def worker(impl, name, out_dir, schemes) -> None:
+def build_model(name, sizes):
+    from tests.zoo import build, build_wide
+
+    return build_wide(name) if sizes == "wide" else build(name)
+
+
+def worker(impl, name, out_dir, schemes, sizes) -> None:
     import warnings
 
     warnings.simplefilter("ignore")
-    from tests.zoo import build
-
-    module, args = build(name)
+    module, args = build_model(name, sizes)
     cal = random_inputs(args, N_CAL, seed=2)
     convert = _convert_ours if impl == "ours" else _convert_peer
     result = {}
@@ -117,9 +126,9 @@ def worker(impl, name, out_dir, schemes) -> None:
 # ----------------------------------------------------------------------------- measuring (project venv)
 
 
-def convert_all(py, impl, name, out_dir, schemes) -> dict:
+def convert_all(py, impl, name, out_dir, schemes, sizes) -> dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([py, os.path.abspath(__file__), "--worker", impl, name, out_dir, ",".join(schemes)],
+    r = subprocess.run([py, os.path.abspath(__file__), "--worker", impl, name, out_dir, ",".join(schemes), sizes],
                        capture_output=True, text=True, env=env, timeout=3600)
     for line in reversed(r.stdout.strip().splitlines()):
         if line.startswith("{"):
@@ -197,13 +206,11 @@ def measure(path, params, evals, refs, runs) -> dict:
             "top1": agree / n_cls if n_cls else None, "rel_err": worst / max(scale, 1e-6)}
 
 
-def bench_model(name, impls, runs, n_eval) -> dict:
+def bench_model(name, impls, runs, n_eval, sizes) -> dict:
     import torch
     import torch.utils._pytree as pytree
 
-    from tests.zoo import build
-
-    module, args = build(name)
+    module, args = build_model(name, sizes)
     params = list(inspect.signature(module.forward).parameters)
     evals = random_inputs(args, n_eval, seed=1)
     with torch.no_grad():
@@ -211,7 +218,7 @@ def bench_model(name, impls, runs, n_eval) -> dict:
     row = {}
     for impl, py in impls.items():
         with tempfile.TemporaryDirectory() as tmp:
-            made = convert_all(py, impl, name, tmp, SCHEMES)
+            made = convert_all(py, impl, name, tmp, SCHEMES, sizes)
             for scheme in SCHEMES:
                 info = dict(made.get(scheme, {"error": "not run"}))
                 if "error" not in info:
@@ -263,13 +270,14 @@ def main():
         impl = sys.argv[2]
         # the peer venv's litert_torch must win over this repo's package of the same name: append
         (sys.path.append if impl == "peer" else (lambda p: sys.path.insert(0, p)))(ROOT)
-        return worker(*sys.argv[2:6])
+        return worker(*sys.argv[2:7])
     sys.path.insert(0, ROOT)
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18,mobilenet_v2,vit")
     ap.add_argument("--runs", type=int, default=30, help="latency: median of this many invocations (>= 20)")
     ap.add_argument("--eval", type=int, default=200, help="seeded random inputs for the accuracy figures")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--zoo-sizes", action="store_true", help="the zoo's tiny builds instead of the WIDE variants")
     ap.add_argument("--json", help="also write the raw figures here")
     a = ap.parse_args()
     impls = {"ours": sys.executable}
@@ -279,7 +287,7 @@ def main():
         impls["peer"] = ensure_peer()
     results = {}
     for name in a.models.split(","):
-        results[name] = bench_model(name, impls, a.runs, a.eval)
+        results[name] = bench_model(name, impls, a.runs, a.eval, "zoo" if a.zoo_sizes else "wide")
         print(json.dumps({name: results[name]}), file=sys.stderr, flush=True)
     if a.json:
         with open(a.json, "w") as f:

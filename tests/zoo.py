@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ZooEntry", "ZOO", "build", "batch_like", "param_bytes"]
+__all__ = ["ZooEntry", "ZOO", "WIDE", "build", "build_wide", "batch_like", "param_bytes"]
 
 
 @dataclass
@@ -101,8 +101,14 @@ class RMSNorm(nn.Module):
         return self.weight * x
 
 
-def _finalize(model: nn.Module, sample_args: tuple, seed: int) -> nn.Module:
-    """Give norm layers non-trivial parameters / statistics and put the model in eval."""
+def _finalize(model: nn.Module, sample_args: tuple, seed: int, max_param_bytes: int = 1_000_000,
+              condition: Callable[[nn.Module], None] | None = None) -> nn.Module:
+    """Give norm layers non-trivial parameters / statistics and put the model in eval.
+
+    ``max_param_bytes``: the zoo's size cap; the full-width variants (quantization tests, where
+    weights must dominate the file) raise it. ``condition``: called on the model after the norm
+    parameters are drawn and before BatchNorm statistics are calibrated (see _calm_mobilenet_v2).
+    """
     g = _gen(10_000 + seed)
 
     def rand(shape, scale=1.0):
@@ -126,6 +132,8 @@ def _finalize(model: nn.Module, sample_args: tuple, seed: int) -> nn.Module:
                     mod.bias.copy_(rand(mod.bias.shape, 0.1))
             elif isinstance(mod, RMSNorm):
                 mod.weight.copy_(1.0 + rand(mod.weight.shape, 0.2))
+        if condition is not None:
+            condition(model)
 
         if bns:
             # Calibrate running stats (cumulative average over one seeded batch) so that
@@ -147,8 +155,13 @@ def _finalize(model: nn.Module, sample_args: tuple, seed: int) -> nn.Module:
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    assert param_bytes(model) < 1_000_000, (type(model).__name__, param_bytes(model))
+    assert param_bytes(model) < max_param_bytes, (type(model).__name__, param_bytes(model))
     return model
+
+
+def _cap(wide: bool) -> int:
+    """The parameter-size cap for _finalize: the zoo's 1 MB, or 64 MB for a widened variant."""
+    return 64_000_000 if wide else 1_000_000
 
 
 def _make_divisible(v: float, divisor: int = 8, min_value: int | None = None) -> int:
@@ -252,10 +265,12 @@ class ResNet(nn.Module):
         return self.fc(x)
 
 
-def build_resnet18():
+def build_resnet18(widths=(8, 16, 32, 64), image: int = 64):
+    """``widths``: the four stages' channels (torchvision: 64, 128, 256, 512)."""
     torch.manual_seed(0)
-    args = _image(64)
-    return _finalize(ResNet(), args, 0), args
+    args = _image(image)
+    model = ResNet(tuple(widths))
+    return _finalize(model, args, 0, _cap(tuple(widths) != (8, 16, 32, 64))), args
 
 
 # --------------------------------------------------------------------------------------
@@ -287,12 +302,21 @@ class InvertedResidualV2(nn.Module):
 class MobileNetV2(nn.Module):
     # t, c, n, s
     SETTING = [[1, 8, 1, 1], [6, 8, 2, 2], [6, 16, 3, 2], [4, 24, 2, 2], [4, 32, 1, 1]]
+    # torchvision's (the paper's) table, used with width_mult
+    FULL_SETTING = [[1, 16, 1, 1], [6, 24, 2, 2], [6, 32, 3, 2], [6, 64, 4, 2], [6, 96, 3, 1], [6, 160, 3, 2],
+                    [6, 320, 1, 1]]
 
-    def __init__(self, num_classes=10, last_channel=64):
+    def __init__(self, num_classes=10, last_channel=64, width_mult=None):
+        """``width_mult`` None: the zoo's tiny table; a float: torchvision's MobileNetV2 at that width
+        (1.0: 32 -> 320 channels, 1280 before the classifier; channels rounded to multiples of 8)."""
         super().__init__()
-        cin = 16
+        cin, setting = 16, self.SETTING
+        if width_mult is not None:
+            cin = _make_divisible(32 * width_mult)
+            last_channel = _make_divisible(1280 * max(1.0, width_mult))
+            setting = [[t, _make_divisible(c * width_mult), n, s] for t, c, n, s in self.FULL_SETTING]
         features = [ConvBNAct(3, cin, 3, 2, act=nn.ReLU6)]
-        for t, c, n, s in self.SETTING:
+        for t, c, n, s in setting:
             for i in range(n):
                 features.append(InvertedResidualV2(cin, c, s if i == 0 else 1, t))
                 cin = c
@@ -307,10 +331,33 @@ class MobileNetV2(nn.Module):
         return self.classifier(x)
 
 
-def build_mobilenet_v2():
+def _calm_mobilenet_v2(model: nn.Module, residual_gain: float = 0.15, act_shift: float = 2.5) -> None:
+    """Make a random full-depth MobileNetV2 as insensitive to small perturbations as a trained one.
+
+    With BatchNorm re-centring every layer, a random ReLU6 network is chaotic: at width 1.0 (1000
+    classes, 64x64) a 1e-3 input perturbation comes out as a 3.8% change of the logits, float16
+    weights alone move them by 2.5% and int8 weights flip 30% of the top-1 (torch, before any
+    conversion), which says nothing about a converter. Two changes to the seeded init, applied
+    before the BatchNorm statistics are calibrated, make it behave: each residual branch's last
+    BN scale times ``residual_gain`` (the zero-init-residual idea: blocks start near identity) and
+    the activations' BN shifted by ``act_shift`` so ReLU6 passes most units. Then: 0.03%, 0.17%
+    and 0.5% (the float model still predicts 5 different classes over 200 random inputs).
+    """
+    for m in model.modules():
+        if isinstance(m, InvertedResidualV2) and m.use_res_connect:
+            m.conv[-1].weight.mul_(residual_gain)
+        if isinstance(m, ConvBNAct) and len(m) == 3:
+            m[1].bias.add_(act_shift)
+
+
+def build_mobilenet_v2(width_mult: float | None = None, image: int = 64, num_classes: int = 10, **calm):
+    """``width_mult``: see MobileNetV2 (1.0 with 10 classes: 2.2M parameters); with it the init is
+    conditioned by _calm_mobilenet_v2 (``calm``: its keyword arguments)."""
     torch.manual_seed(0)
-    args = _image(64)
-    return _finalize(MobileNetV2(), args, 1), args
+    args = _image(image)
+    model = MobileNetV2(num_classes, width_mult=width_mult)
+    condition = None if width_mult is None else (lambda m: _calm_mobilenet_v2(m, **calm))
+    return _finalize(model, args, 1, _cap(width_mult is not None), condition), args
 
 
 # --------------------------------------------------------------------------------------
@@ -940,14 +987,18 @@ class ViT(nn.Module):
         return self.head(x[:, 0])
 
 
-def build_vit():
+def build_vit(image: int = 32, patch: int = 8, dim: int = 64, depth: int = 2, heads: int = 4, mlp_dim: int = 128,
+              cls_std: float = 0.5, pos_std: float = 0.5):
+    """ViT-Ti's width: dim 192, mlp_dim 768 (3 heads, 12 layers, 16x16 patches at 224).
+    ``cls_std`` / ``pos_std``: the class token's / position embeddings' scale (torchvision's init:
+    0 / 0.02)."""
     torch.manual_seed(0)
-    model = ViT()
+    model = ViT(image, patch, dim, depth, heads, mlp_dim)
     with torch.no_grad():
-        model.class_token.normal_(std=0.5)
-        model.pos_embedding.normal_(std=0.5)
-    args = _image(32)
-    return _finalize(model, args, 11), args
+        model.class_token.normal_(std=cls_std)
+        model.pos_embedding.normal_(std=pos_std)
+    args = _image(image)
+    return _finalize(model, args, 11, _cap((dim, depth, mlp_dim) != (64, 2, 128))), args
 
 
 # --------------------------------------------------------------------------------------
@@ -1424,3 +1475,22 @@ ZOO: dict[str, ZooEntry] = {
 
 def build(name: str) -> tuple[nn.Module, tuple]:
     return ZOO[name].build()
+
+
+# Realistic widths for quantization (tests/edge/test_quant.py, bench/quant.py): at the zoo's own
+# sizes (30-180K parameters) per-channel scales, biases and flatbuffer structure are a large share
+# of a quantized file; here the weights dominate, as in the real models. Same architectures and
+# seeds; ResNet-18 at the zoo's widths already has 175K weights in 3x3 convs and stays as it is.
+WIDE: dict[str, Callable[[], tuple[nn.Module, tuple]]] = {
+    "resnet18": build_resnet18,
+    # torchvision's MobileNetV2 (width 1.0, 1000 classes: 3.5M parameters) at 64x64
+    "mobilenet_v2": lambda: build_mobilenet_v2(width_mult=1.0, image=64, num_classes=1000),
+    # ViT-Ti's width and heads (dim 192, 3 heads, mlp 768; 2.7M parameters), 6 layers, 32x32 in 8x8
+    # patches; position embeddings at torchvision's init scale (at the zoo's 0.5 a constant per
+    # position outweighs the patches and the float model's top-1 margins shrink)
+    "vit": lambda: build_vit(dim=192, depth=6, heads=3, mlp_dim=768, pos_std=0.02),
+}
+
+
+def build_wide(name: str) -> tuple[nn.Module, tuple]:
+    return WIDE[name]()

@@ -1,10 +1,11 @@
 """Quantization of the edge output (edge/quantize.py over ai-edge-quantizer), every scheme on the zoo's
 CNN classifiers and a transformer classifier, through litert_torch.convert, the targets and the CLI.
 
-Accuracy is measured against torch eager on 200 seeded random inputs (batch 1, one interpreter call
-each; the zoo models are small enough that this takes well under a second per scheme). Static int8
-calibrates on 32 other seeded inputs. Bounds are the issue's where the tiny zoo models reach them;
-the exceptions are stated at the tables below with the reason and the measured value.
+The models are tests/zoo.py's WIDE variants: ResNet-18 as in the zoo, MobileNetV2 at torchvision's
+width 1.0 and ViT at ViT-Ti's width, so that weights dominate the file as in the real models (at the
+zoo's own 30-80K parameters, per-channel scales and float biases kept MobileNetV2 int8 at 0.48x and
+ViT fp16 at 0.545x of the float file). Accuracy is measured against torch eager on 200 seeded random
+inputs (batch 1, one interpreter call each); static int8 calibrates on 32 other seeded inputs.
 """
 
 from __future__ import annotations
@@ -20,39 +21,32 @@ import converter
 import edge
 import litert_torch
 from edge.quantize import QuantConfig, QuantizationError, calibration_feeds, quantize_tflite
-from tests.zoo import ZOO
+from tests.zoo import build_wide
 
 MODELS = ["resnet18", "mobilenet_v2", "vit"]  # the CNN classifiers and the transformer (ViT) classifier
 SCHEMES = ["dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16", "static_int8"]
 N_EVAL, N_CAL = 200, 32
 
-# Minimum top-1 agreement with the float model over the 200 inputs. Issue: dynamic int8 >= 0.98,
-# static int8 >= 0.95; weight-only int8 and fp16 are at least as close as dynamic int8. Measured here:
-# dynamic 0.990/0.985/1.0, weight-only int8 1.0/0.980/1.0, static 0.955/0.950/1.0, fp16 1.0/0.995/1.0
-# (resnet18 / mobilenet_v2 / vit). Int4 has no issue bound: a random-weight CNN this narrow has 16 to
-# 64 weights per output channel, so 4 bits (15 levels per channel, ranges clipped by OCTAV) moves its
-# logits by ~35% of their range; measured 0.90 / 0.78; the ViT keeps 1.0.
+# Minimum top-1 agreement with the float model over the 200 inputs, the issue's: dynamic int8 >= 0.98,
+# static int8 >= 0.95; weight-only int8 and fp16 at least as close as dynamic int8. Measured
+# (resnet18 / mobilenet_v2 / vit): dynamic 0.990/0.995/0.995, weight-only int8 1.0/0.995/0.995,
+# fp16 1.0/1.0/1.0, static 0.975/0.975/0.975 (bench/quant.py, which runs torch one input at a
+# time, sees MobileNetV2 at dynamic 0.990 / static 0.965). The float models predict 3 / 5 / 5
+# different classes over the inputs (random weights; 91% / 86% / 63% of the inputs on the most
+# frequent one). Int4 has no issue bound (15 levels per output channel, ranges clipped by OCTAV):
+# measured 0.90/0.90/0.94.
 TOP1 = {
     "dynamic_int8": 0.98, "weight_only_int8": 0.98, "fp16": 0.99, "static_int8": 0.95,
-    "weight_only_int4": {"resnet18": 0.85, "mobilenet_v2": 0.70, "vit": 0.98},
+    "weight_only_int4": {"resnet18": 0.85, "mobilenet_v2": 0.85, "vit": 0.9},
 }
-# Max |quantized - float| over all logits / max |float logit|. Measured: dynamic 0.06/0.08/0.014,
-# weight-only int8 0.03/0.05/0.005, int4 0.37/0.36/0.09, fp16 0.0015/0.003/0.0002, static 0.40/0.36/0.18.
-REL_ERR = {"dynamic_int8": 0.15, "weight_only_int8": 0.1, "weight_only_int4": 0.5, "fp16": 1e-2, "static_int8": 0.5}
-# File size / float file size. Issue: int8 <= 0.3, fp16 <= 0.55; met by ResNet-18 (int8 0.28, static
-# 0.29, int4 0.16, fp16 0.51). The other two are too small for the weights to dominate the file:
-# MobileNetV2's 30 KB of int8 weights carry 17 KB of per-channel scales + int64 zero points (12 bytes
-# per output channel; a depthwise channel has 9 weights) and ~13 KB of flatbuffer structure (int8
-# 0.48, fp16 0.59); the ViT keeps ~11 KB of float biases, LayerNorm and position-embedding data
-# (int8 0.35, fp16 0.545).
-SIZE = {
-    "resnet18": {"dynamic_int8": 0.3, "weight_only_int8": 0.3, "weight_only_int4": 0.2, "fp16": 0.55,
-                 "static_int8": 0.3},
-    "mobilenet_v2": {"dynamic_int8": 0.5, "weight_only_int8": 0.52, "weight_only_int4": 0.5, "fp16": 0.6,
-                     "static_int8": 0.65},
-    "vit": {"dynamic_int8": 0.36, "weight_only_int8": 0.36, "weight_only_int4": 0.25, "fp16": 0.55,
-            "static_int8": 0.4},
-}
+# Max |quantized - float| over all logits / max |float logit|; fp16 <= 1e-2 is the issue's. Measured:
+# dynamic 0.063/0.021/0.015, weight-only int8 0.033/0.017/0.009, int4 0.37/0.18/0.16,
+# fp16 0.0015/0.0011/0.0004, static 0.088/0.045/0.24.
+REL_ERR = {"dynamic_int8": 0.1, "weight_only_int8": 0.06, "weight_only_int4": 0.5, "fp16": 1e-2, "static_int8": 0.35}
+# File size / float file size, the issue's bounds on every model: int8 (dynamic, weight-only, static)
+# <= 0.3, fp16 <= 0.55. Measured: dynamic 0.275/0.271/0.268, weight-only int8 0.278/0.271/0.269,
+# static 0.288/0.287/0.280, fp16 0.513/0.504/0.505; int4 (no issue bound) 0.155/0.157/0.145.
+SIZE = {"dynamic_int8": 0.3, "weight_only_int8": 0.3, "static_int8": 0.3, "fp16": 0.55, "weight_only_int4": 0.2}
 
 
 def _random_inputs(args, n, seed):
@@ -64,7 +58,7 @@ def _random_inputs(args, n, seed):
 def zoo_model(request):
     """(name, Program, float .tflite, eval feeds, torch logits for them, calibration feeds)."""
     name = request.param
-    module, args = ZOO[name].build()
+    module, args = build_wide(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prog = converter.prepare(module, args)
@@ -104,8 +98,30 @@ def test_scheme_accuracy_and_size(zoo_model, scheme):
     bound = TOP1[scheme][name] if isinstance(TOP1[scheme], dict) else TOP1[scheme]
     assert top1 >= bound, f"{name} {scheme}: top-1 agreement {top1:.3f} < {bound}"
     assert rel <= REL_ERR[scheme], f"{name} {scheme}: rel err {rel:.4f} > {REL_ERR[scheme]}"
-    assert ratio <= SIZE[name][scheme], f"{name} {scheme}: size {ratio:.3f}x float > {SIZE[name][scheme]}"
+    assert ratio <= SIZE[scheme], f"{name} {scheme}: size {ratio:.3f}x float > {SIZE[scheme]}"
     _assert_scheme_shape(q, scheme)
+
+
+def test_static_int8_output_range_covers_the_calibration_data(zoo_model):
+    """Each activation's int8 range is its min/max over all calibration samples. ai-edge-quantizer's
+    own calibration averages per-sample ranges (exponential moving average), which left ResNet-18's
+    int8 logits [-1.7, 2.0] where the calibration samples reach [-3.4, 3.8] (rel err 0.40)."""
+    from ai_edge_litert import schema_py_generated as schema
+    from ai_edge_litert.interpreter import Interpreter
+
+    name, prog, float_tflite, feeds, ref, cal = zoo_model
+    q = quantize_tflite(float_tflite, "static_int8", cal)
+    runner = Interpreter(model_content=float_tflite, num_threads=1).get_signature_runner()
+    logits = np.concatenate([runner(**f)["output_0"] for f in cal["serving_default"]])
+    sg = schema.Model.GetRootAs(q, 0).Subgraphs(0)
+    (out,) = [sg.Operators(i) for i in range(sg.OperatorsLength())
+              if sg.Operators(i).Outputs(0) == sg.Outputs(0)]  # the DEQUANTIZE of the int8 logits
+    qp = sg.Tensors(out.Inputs(0)).Quantization()
+    scale, zero = float(qp.Scale(0)), int(qp.ZeroPoint(0))
+    lo, hi = (-128 - zero) * scale, (127 - zero) * scale
+    assert lo <= logits.min() + scale and hi >= logits.max() - scale, (name, (lo, hi), logits.min(), logits.max())
+    # and no wider than the data: the int8 steps are spent on the range that occurs
+    assert hi - lo <= (logits.max() - logits.min()) * 1.05 + 2 * scale, (name, (lo, hi))
 
 
 def _assert_scheme_shape(tflite, scheme):
