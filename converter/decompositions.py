@@ -116,7 +116,7 @@ def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
         fake_mode = torch._guards.detect_fake_mode(fake_in)
         with fake_mode:
             sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fake_in)
-        _splice(gm, node, sub, [flat[i] for i in tensor_pos])
+        splice_subgraph(gm, node, sub, [flat[i] for i in tensor_pos])
         count += 1
     if count:
         gm.graph.lint()
@@ -124,7 +124,7 @@ def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
     return count
 
 
-def _splice(gm, node, sub: torch.fx.GraphModule, inputs):
+def splice_subgraph(gm, node, sub: torch.fx.GraphModule, inputs):
     env = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     for ph, arg in zip(placeholders, inputs):
@@ -140,7 +140,8 @@ def _splice(gm, node, sub: torch.fx.GraphModule, inputs):
             if n.op == "get_attr":
                 raise NotImplementedError("decomposition created a constant tensor")
             new = gm.graph.node_copy(n, lambda a: env[a])
-            new.meta.setdefault("stack_trace", node.meta.get("stack_trace"))
+            # errors must point at the user's line, not at torch's decomposition code
+            new.meta["stack_trace"] = node.meta.get("stack_trace")
             new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
             env[n] = new
     if isinstance(result, (list, tuple)):

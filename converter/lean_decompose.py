@@ -21,6 +21,8 @@ import operator
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .decompositions import splice_subgraph
+
 __all__ = ["NeedsFullRetrace", "decompose_in_place"]
 
 
@@ -181,28 +183,4 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
     outs = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     if isinstance(outs, (list, tuple)) and any(u.target is not operator.getitem for u in node.users):
         raise NeedsFullRetrace(f"{op}: a multi-output op used whole")
-    _splice(gm.graph, node, sub, [flat[i] for i in pos])
-
-
-def _splice(graph, node, sub, inputs):
-    env = dict(zip([n for n in sub.graph.nodes if n.op == "placeholder"], inputs))
-    result = None
-    with graph.inserting_before(node):
-        for n in sub.graph.nodes:
-            if n.op == "placeholder":
-                continue
-            if n.op == "output":
-                result = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
-                continue
-            new = graph.node_copy(n, lambda a: env[a])
-            # errors must point at the user's line, not at torch's decomposition code
-            new.meta["stack_trace"] = node.meta.get("stack_trace")
-            new.meta["nn_module_stack"] = node.meta.get("nn_module_stack", {})
-            env[n] = new
-    if isinstance(result, (list, tuple)):
-        for user in list(node.users):  # getitem nodes (checked before anything was changed)
-            user.replace_all_uses_with(result[user.args[1]])
-            graph.erase_node(user)
-    else:
-        node.replace_all_uses_with(result)
-    graph.erase_node(node)
+    splice_subgraph(gm, node, sub, [flat[i] for i in pos])
