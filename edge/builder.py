@@ -104,6 +104,10 @@ class ModelBuilder:
             self._opcode_versions[idx][1] = max(self._opcode_versions[idx][1], version)
         return idx
 
+    def builtin_code(self, opcode_index: int) -> int:
+        """The builtin operator an operator's ``opcodeIndex`` stands for."""
+        return self._opcode_versions[opcode_index][0]
+
     def subgraph(self, name: str) -> "SubgraphBuilder":
         sg = SubgraphBuilder(self, name)
         self.subgraphs.append(sg)

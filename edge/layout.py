@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "identity", "is_identity", "inverse", "channel_last", "transpose_perm", "same_data_order",
-    "drop_dims", "insert_unit_dim", "plan_reshape", "last_dim_layout",
+    "drop_dims", "insert_unit_dim", "plan_reshape", "last_dim_layout", "canonical_transpose",
 ]
 
 
@@ -128,14 +128,22 @@ def plan_reshape(old_shape, perm, new_shape):
     phys_non1 = [d for d in perm if old_shape[d] != 1]
     # groups sit where their innermost dim sits: that keeps a merge like [T, H, D] <- (H, D)
     # in place when only H was moved out of the way
-    last = {}
+    last, first = {}, {}
     for pos, d in enumerate(phys_non1):
         last[group_of[d]] = pos
+        first.setdefault(group_of[d], pos)
     order = sorted(last, key=last.get)
     src_non1 = [d for g in order for d in groups[g][0]]
     if src_non1 == phys_non1:
         src = tuple(perm)
     else:
+        # a TRANSPOSE is needed whatever the order: when ordering groups by their outermost
+        # dim instead lands the result in the plain layout, take that (Swin's window
+        # partition: otherwise the next reshape, merging the window dims, transposes again)
+        by_first = sorted(first, key=first.get)
+        if by_first != order and by_first == sorted(by_first, key=lambda g: groups[g][1][0]):
+            order = by_first
+            src_non1 = [d for g in order for d in groups[g][0]]
         src = tuple(d for d in range(rank_old) if old_shape[d] == 1) + tuple(src_non1)
     out = [nd for g in order for nd in groups[g][1]]
     for k in range(rank_new):
@@ -143,3 +151,24 @@ def plan_reshape(old_shape, perm, new_shape):
             at = out.index(k - 1) + 1 if k > 0 else 0
             out.insert(at, k)
     return src, tuple(out)
+
+
+def canonical_transpose(shape, tperm):
+    """The smallest TRANSPOSE moving the same data: size-1 dims dropped and runs of dims that
+    stay adjacent and in order merged. Returns (shape, perm) of the merged problem."""
+    keep = [i for i in range(len(shape)) if shape[i] != 1]
+    out = [i for i in tperm if shape[i] != 1]
+    runs = []  # runs of input dims, in output order
+    for i in out:
+        if runs and keep.index(i) == keep.index(runs[-1][-1]) + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    by_input = sorted(runs, key=lambda r: r[0])
+    merged = []
+    for r in by_input:
+        n = 1
+        for i in r:
+            n = None if n is None or shape[i] is None else n * shape[i]
+        merged.append(n)
+    return tuple(merged), tuple(by_input.index(r) for r in runs)

@@ -101,11 +101,37 @@ class Lowerer:
                 shape = self.const_tensor([-1 if d is None else d for d in out_shape], np.int32)
                 (t,), _ = self.emit("RESHAPE", [v.tensor, shape], [out_shape], [v.dtype], suffix="reshape")
             else:
-                tp = self.const_tensor(L.transpose_perm(v.perm, perm), np.int32)
-                (t,), _ = self.emit("TRANSPOSE", [v.tensor, tp], [out_shape], [v.dtype], suffix="transpose",
-                                    version=_transpose_version(len(perm), v.dtype))
+                t = self._transpose(v, L.transpose_perm(v.perm, perm), out_shape)
             v.layouts[perm] = t
         return v.layouts[perm]
+
+    def _transpose(self, v: Val, tperm, out_shape) -> int:
+        """TRANSPOSE v's tensor by ``tperm``. A batched swap [N, a, b] -> [N, b, a] with a 2
+        among a, b runs as three transposes, [N, ab] -> [ab, N] -> [b, a, N] -> [N, ba]:
+        XNNPACK's transpose is slow when a dim of 2 goes innermost (ShuffleNet's channel shuffle
+        measured 1.06 us direct vs 0.44 us in three steps at N=64, b=16; 2.3 vs 1.9 ms at
+        N=3136, b=58), while each of the three moves whole rows."""
+        shape, cperm = L.canonical_transpose(v.phys_shape(), tperm)
+        if cperm == (0, 2, 1) and None not in shape and shape[0] >= 16 and min(shape[1:]) == 2:
+            n, a, b = shape
+            t = self._reshape_tensor(v.tensor, (n, a * b), v.dtype)
+            for shp, p in (((a * b, n), (1, 0)), ((b, a, n), (1, 0, 2)), ((n, b * a), (1, 0))):
+                t = self._reshape_tensor(t, tuple(shp[i] for i in L.inverse(p)), v.dtype)
+                (t,), _ = self.emit("TRANSPOSE", [t, self.const_tensor(p, np.int32)], [shp], [v.dtype],
+                                    suffix="transpose", version=_transpose_version(len(p), v.dtype))
+            return self._reshape_tensor(t, out_shape, v.dtype)
+        tp = self.const_tensor(tperm, np.int32)
+        (t,), _ = self.emit("TRANSPOSE", [v.tensor, tp], [out_shape], [v.dtype], suffix="transpose",
+                            version=_transpose_version(len(tperm), v.dtype))
+        return t
+
+    def _reshape_tensor(self, t: int, shape, dtype) -> int:
+        """Tensor ``t`` as static ``shape`` (no op when it has that shape already)."""
+        if tuple(self.sg.tensors[t].shape) == tuple(shape):
+            return t
+        (t,), _ = self.emit("RESHAPE", [t, self.const_tensor(list(shape), np.int32)], [tuple(shape)], [dtype],
+                            suffix="reshape")
+        return t
 
     def _const_name(self, v):
         return getattr(v, "name", None) or self.name("const")

@@ -61,11 +61,12 @@ EDGE_NOTES: dict[str, str] = {
     "aten.copy.default": "edge: CAST / BROADCAST_TO of src",
     "aten.var.correction": "edge: MEAN, SQUARED_DIFFERENCE, SUM, MUL; " + _STATIC,
     "aten.gather.default": "edge: GATHER_ND with meshgrid coordinates; static index shape",
-    "aten.slice.Tensor": "edge: STRIDED_SLICE; static start/end",
+    "aten.slice.Tensor": "edge: SLICE (a step dividing its dim: RESHAPE, SLICE, RESHAPE), else STRIDED_SLICE; "
+                         "static start/end",
     "aten.arange.start_step": "edge: RANGE; static bounds",
     "aten.constant_pad_nd.default": "edge: PAD / PADV2; non-negative pads",
     "aten.elu.default": "edge: ELU; alpha = scale = input_scale = 1",
-    "aten.roll.default": "edge: STRIDED_SLICE x2 + CONCATENATION per dim",
+    "aten.roll.default": "edge: SLICE x2 + CONCATENATION per dim",
     "aten.avg_pool3d.default": "edge: two AVERAGE_POOL_2D (H,W then D) between RESHAPEs; no padding, no ceil_mode, "
                                "no divisor_override",
     "aten.max_pool3d_with_indices.default": "edge: two MAX_POOL_2D (H,W then D) between RESHAPEs; no padding, "

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from . import layout as L
+from .builder import schema
 from .registry import lowering, supported_if
 from .values import Val
 
@@ -121,12 +122,53 @@ def rsub(lw, a, b, alpha=1):
 def mul(lw, a, b):
     if lw.out_dtype() == np.bool_:
         return binary(lw, "LOGICAL_AND", a, b)
+    scaled = _scale_left_to_readers(lw, a, b)
+    if scaled is not None:
+        return scaled
     return binary(lw, "MUL", a, b, kind="Mul")
+
+
+def _weight_node(a) -> bool:
+    """``a`` is a model weight placeholder read by one op only (a folded copy costs no size)."""
+    return isinstance(a, torch.fx.Node) and a.op == "placeholder" and "weight_name" in a.meta and len(a.users) == 1
+
+
+def readers_fold_affine(node) -> bool:
+    """Every reader of ``node`` is a linear layer with weights of its own taking ``node`` as
+    its input: a per-last-dim scale g and shift b on node's value then fold into them,
+    (x * g + b) @ W.T + c = x @ (W * g).T + (W @ b + c), and need no tensor op (as a
+    LayerNorm's or RMSNorm's affine before attention and MLP projections)."""
+    return bool(node.users) and all(
+        u.target is aten.linear.default and u.args[0] is node and node not in u.args[1:] and not u.kwargs
+        and _weight_node(u.args[1]) and (len(u.args) < 3 or u.args[2] is None or _weight_node(u.args[2]))
+        for u in node.users)
+
+
+def _scale_left_to_readers(lw, a, b):
+    """x * g for a constant g over x's last dim, left pending for readers that fold it."""
+    if not isinstance(a, Val) or not isinstance(b, Val) or a.is_const == b.is_const:
+        return None
+    x, g = (a, b) if b.is_const else (b, a)
+    shape = lw.out_shape()
+    d = shape[-1] if shape else None
+    if (tuple(x.shape) != tuple(shape) or x.dtype != np.float32 or g.dtype != np.float32 or d is None
+            or g.rank > len(shape) or g.const.size != d or (g.rank and g.shape[-1] != d)):
+        return None
+    if not readers_fold_affine(lw.node):
+        return None
+    y = Val(x.shape, x.dtype, x.perm, tensor=x.tensor, layouts=x.layouts)
+    y.pending_affine = (lw.const(g.const.reshape(d)), None)
+    return y
 
 
 # div.Tensor(Tensor self, Tensor other) -> Tensor ; div.Scalar(Tensor self, Scalar other) -> Tensor
 @lowering(aten.div.Tensor, aten.div.Scalar)
 def div(lw, a, b):
+    # by a constant: MUL by its reciprocal (attention's 1/sqrt(d) scale); XNNPACK's DIV is
+    # the slower kernel, and the result differs by at most an ulp (none for powers of 2)
+    c = b.const if isinstance(b, Val) and b.is_const else (b if isinstance(b, float) else None)
+    if c is not None and lw.out_dtype() == np.float32 and np.asarray(c).dtype.kind == "f" and np.all(c != 0):
+        return binary(lw, "MUL", a, as_val(lw, 1.0 / np.asarray(c, np.float64), np.float32), kind="Mul")
     return binary(lw, "DIV", a, b, kind="Div")
 
 
@@ -327,12 +369,39 @@ def hardswish(lw, x):
     return unary(lw, "HARD_SWISH", x)
 
 
-# hardsigmoid(Tensor self) -> Tensor: relu6(x + 3) / 6, the RELU6 fused into the ADD
+# hardsigmoid(Tensor self) -> Tensor: relu6(x + 3) / 6, the RELU6 fused into the ADD, or (as
+# in MobileNetV3's squeeze-excite) the +3 folded into the producing conv's bias and the RELU6
+# fused into that conv
 @lowering(aten.hardsigmoid.default)
 def hardsigmoid(lw, x):
+    t = _shift_into_bias(lw, x, 3.0, RELU6)
+    if t is not None:
+        return binary(lw, "MUL", t, 1.0 / 6.0, kind="Mul")
     t = lw.op("ADD", [lw.tensor(x), lw.tensor(lw.const(np.array(3.0, x.dtype)))], x.shape, x.dtype, x.perm,
               lw.options("Add", fusedActivationFunction=RELU6), suffix="plus3")
     return binary(lw, "MUL", t, 1.0 / 6.0, kind="Mul")
+
+
+def _shift_into_bias(lw, x: Val, shift: float, act: int) -> Val | None:
+    """act(x + shift) when x's only reader is this op and its producer is a conv or dense
+    layer with a constant bias and no activation yet: the shift goes into a copy of the bias,
+    the activation into the op. None when it cannot."""
+    o = x.producer
+    if o is None or x.users != 1 or x.is_const or x.layouts or x.dtype != np.float32:
+        return None
+    codes = schema().BuiltinOperator
+    if lw.model.builtin_code(o.opcodeIndex) not in (codes.CONV_2D, codes.DEPTHWISE_CONV_2D, codes.FULLY_CONNECTED):
+        return None
+    if getattr(o.builtinOptions, "fusedActivationFunction", None) != 0 or len(o.inputs) < 3 or o.inputs[2] < 0:
+        return None
+    bt = lw.sg.tensors[o.inputs[2]]
+    data = lw.model.buffers[bt.buffer].data
+    if not data or bt.type != 0:  # float32 constant
+        return None
+    bias = np.frombuffer(data, np.float32).reshape(bt.shape) + np.float32(shift)
+    o.inputs[2] = lw.const_tensor(bias, name=lw.name("bias"))
+    o.builtinOptions.fusedActivationFunction = act
+    return Val(x.shape, x.dtype, x.perm, tensor=x.tensor)
 
 
 # prelu / _prelu_kernel(Tensor self, Tensor weight) -> Tensor

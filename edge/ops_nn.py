@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from . import layout as L
-from .ops_elementwise import binary
+from .ops_elementwise import binary, readers_fold_affine
 from .ops_reduce import reduce
 from .registry import lowering, supported_if
 from .values import Val
@@ -56,6 +56,8 @@ def _transposed_const(v: Val) -> Val:
 # linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor
 @lowering(aten.linear.default)
 def linear(lw, x, weight, bias=None):
+    if x.pending_affine is not None:
+        weight, bias = _fold_affine(x.pending_affine, weight, bias)
     if weight.is_const and (bias is None or bias.is_const):
         return fully_connected(lw, x, weight, bias)
     y = batch_matmul(lw, x, Val(weight.shape[::-1], weight.dtype, (1, 0), tensor=lw.tensor(weight, (0, 1)))
@@ -139,6 +141,28 @@ def _normalize(lw, x: Val, dims, eps, center: bool) -> Val:
     return lw.op("MUL", [lw.tensor(d), lw.tensor(r)], x.shape, x.dtype, x.perm, lw.options("Mul"), suffix="norm")
 
 
+def _affine_folds(node, weight, bias, normalized_shape) -> bool:
+    """A norm's affine can be left to its readers: over the last dim, constant, and every
+    reader a linear layer that folds it into its own weights (see readers_fold_affine)."""
+    if len(normalized_shape) != 1 or (weight is None and bias is None):
+        return False
+    if any(p is not None and (not p.is_const or p.dtype != np.float32) for p in (weight, bias)):
+        return False
+    return readers_fold_affine(node)
+
+
+def _fold_affine(affine, weight: Val, bias: Val | None):
+    """W * g and W @ b + c for a linear reading a norm whose affine (g, b) was left pending."""
+    g, b = affine
+    w = weight.const.astype(np.float64)
+    if b is not None:
+        c = (0.0 if bias is None else bias.const.astype(np.float64)) + w @ b.const.astype(np.float64)
+        bias = Val(tuple(c.shape), weight.dtype, (0,), const=c.astype(weight.dtype))
+    if g is not None:
+        w = w * g.const.astype(np.float64)
+    return Val(weight.shape, weight.dtype, weight.perm, const=w.astype(weight.dtype)), bias
+
+
 def _affine(lw, y: Val, weight, bias, shape):
     if weight is not None:
         y = binary(lw, "MUL", y, weight, kind="Mul", shape=shape)
@@ -153,6 +177,9 @@ def _affine(lw, y: Val, weight, bias, shape):
 def layer_norm(lw, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
     dims = list(range(x.rank - len(normalized_shape), x.rank))
     y = _normalize(lw, x, dims, eps, center=True)
+    if _affine_folds(lw.node, weight, bias, normalized_shape):
+        y.pending_affine = (weight, bias)
+        return y
     return _affine(lw, y, weight, bias, x.shape)
 
 
@@ -161,7 +188,11 @@ def layer_norm(lw, x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_
 def rms_norm(lw, x, normalized_shape, weight=None, eps=None):
     dims = list(range(x.rank - len(normalized_shape), x.rank))
     eps = float(np.finfo(x.dtype).eps) if eps is None else eps
-    return _affine(lw, _normalize(lw, x, dims, eps, center=False), weight, None, x.shape)
+    y = _normalize(lw, x, dims, eps, center=False)
+    if _affine_folds(lw.node, weight, None, normalized_shape):
+        y.pending_affine = (weight, None)
+        return y
+    return _affine(lw, y, weight, None, x.shape)
 
 
 # group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05,

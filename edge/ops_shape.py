@@ -64,12 +64,29 @@ def expand(lw, x, size, implicit=False):
         if d is None:  # a dynamic size: the graph's SymInt, or (for -1) the input's own dim
             d = size[i] if isinstance(size[i], SymVal) else SymVal(None, ("dim", x, i - off))
         dims.append(d)
+    phys_in = lw.sg.tensors[t].shape
+    grown = [i for i, p in enumerate(perm) if shape[p] is None or phys_in[i] != shape[p]]
+    if len(grown) == 1 and shape[perm[grown[0]]] is not None and 2 <= shape[perm[grown[0]]] <= 4 \
+            and x.static and not x.is_const:
+        # a few copies along one axis (GQA's repeat_kv): XNNPACK delegates CONCATENATION, not
+        # BROADCAST_TO, which would split the delegated graph around it
+        opts = lw.options("Concatenation", axis=grown[0], fusedActivationFunction=0)
+        return lw.op("CONCATENATION", [t] * shape[perm[grown[0]]], shape, x.dtype, perm, opts)
     shape_t = lw.shape_tensor([dims[p] for p in perm], infer=False)
     return lw.op("BROADCAST_TO", [t, shape_t], shape, x.dtype, perm)
 
 
 def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
-    """STRIDED_SLICE of x in its own layout: specs maps logical dim -> (start, end, step)."""
+    """x[specs] in x's own layout: specs maps logical dim -> (start, end, step); ``shrink``
+    dims are selected (start only) and dropped. A static slice is written as SLICE (with
+    RESHAPEs around it for steps and dropped dims), because XNNPACK delegates SLICE and
+    RESHAPE but not a STRIDED_SLICE with a step > 1 or a shrink mask: each such op splits
+    the delegated graph and runs on the slower builtin kernel between partitions."""
+    shape = lw.out_shape() if out_shape is None else out_shape
+    perm = L.drop_dims(x.perm, shrink) if shrink else x.perm
+    axes = _slice_axes(x, specs, shrink)
+    if axes is not None:
+        return _slice_views(lw, x, axes, shape, perm)
     begin, end, strides = [], [], []
     bmask = emask = smask = 0
     for i, d in enumerate(x.perm):
@@ -97,12 +114,78 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
             e = int(e)
             end.append(max(e + n, 0) if (n is not None and e < 0) else e)
         begin.append(s); strides.append(int(st))
-    shape = lw.out_shape() if out_shape is None else out_shape
-    perm = L.drop_dims(x.perm, shrink) if shrink else x.perm
     ins = [lw.tensor(x)] + [lw.const_tensor(a, np.int32) for a in (begin, end, strides)]
     opts = lw.options("StridedSlice", beginMask=bmask, endMask=emask, shrinkAxisMask=smask)
     version = 4 if x.rank > 4 else 1
     return lw.op("STRIDED_SLICE", ins, shape, x.dtype, perm, opts, version=version)
+
+
+def _slice_axes(x: Val, specs: dict, shrink) -> list | None:
+    """The slice as [(extent, begin, size)] over x's physical tensor, with a stepped dim split
+    into (extent / step, step) so that every axis is a unit-step window; once a split needs a
+    RESHAPE anyway (or the rank is over SLICE's 5), size-1 axes are dropped and adjacent axes
+    merged where the window stays contiguous. None when it needs STRIDED_SLICE (dynamic or empty
+    sizes, a step that does not divide its dim, more than 5 axes left)."""
+    if not x.static:
+        return None
+    axes = []
+    for d in x.perm:
+        n = x.shape[d]
+        if d not in specs:
+            axes.append((n, 0, n))
+            continue
+        s, e, st = specs[d]
+        s = 0 if s is None else int(s)
+        if d in shrink:
+            i = s + n if s < 0 else s
+            if not 0 <= i < n:
+                return None
+            axes.append((n, i, 1))
+            continue
+        r = range(n)[slice(s, None if e is None or e >= _BIG else int(e), int(st))]
+        if len(r) == 0 or r.step < 1:
+            return None
+        if r.step == 1 or len(r) == 1:
+            axes.append((n, r.start, len(r)))
+        elif n % r.step == 0:  # element q*step + rem for q in [start // step, +len): two unit-step axes
+            axes += [(n // r.step, r.start // r.step, len(r)), (r.step, r.start % r.step, 1)]
+        else:
+            return None
+    if len(axes) == x.rank and x.rank <= 5:
+        return axes  # no step split: slice the tensor as it is, no RESHAPE in front
+    merged = []
+    for n, b, k in axes:
+        if n == 1:
+            continue
+        if merged and k == n:  # a whole inner axis extends the outer window contiguously
+            pn, pb, pk = merged[-1]
+            merged[-1] = (pn * n, pb * n, pk * n)
+        else:
+            merged.append((n, b, k))
+    return merged if len(merged) <= 5 else None
+
+
+def _slice_views(lw, x: Val, axes, shape, perm) -> Val:
+    """RESHAPE x's tensor to the window's axes, SLICE, RESHAPE to the result's physical shape."""
+    t = lw.tensor(x)
+    phys_out = tuple(shape[p] for p in perm)
+    if all(b == 0 and k == n for n, b, k in axes):
+        return lw.reshape(lw.alias(x), shape) if tuple(shape) != tuple(x.shape) else lw.alias(x)
+    ext = tuple(n for n, _, _ in axes)
+    if ext != x.phys_shape():
+        (t,), _ = lw.emit("RESHAPE", [t, lw.const_tensor(list(ext), np.int32)], [ext], [x.dtype], suffix="reshape")
+    size = tuple(k for _, _, k in axes)
+    ins = [t, lw.const_tensor([b for _, b, _ in axes], np.int32), lw.const_tensor(list(size), np.int32)]
+    if size == phys_out:
+        return lw.op("SLICE", ins, shape, x.dtype, perm, version=_slice_version(len(axes), x.dtype))
+    (t,), _ = lw.emit("SLICE", ins, [size], [x.dtype], suffix="slice", version=_slice_version(len(axes), x.dtype))
+    return lw.op("RESHAPE", [t, lw.const_tensor(list(phys_out), np.int32)], shape, x.dtype, perm)
+
+
+def _slice_version(rank, dtype) -> int:
+    if rank > 4:
+        return 5
+    return {np.dtype(np.int8): 2, np.dtype(np.int16): 4}.get(np.dtype(dtype), 1)
 
 
 def _static_int(v):
@@ -143,9 +226,15 @@ def cat(lw, tensors, dim=0):
 
 
 def _split(lw, x, sizes, dim):
+    """One SLICE per piece when x is static (XNNPACK delegates SLICE, not SPLIT_V: ShuffleNet's
+    chunk(2) split the delegated graph four times), else one SPLIT_V."""
     dim %= x.rank
     axis = x.perm.index(dim)
     outs_shape = [lw.out_shape(i) for i in range(len(sizes))]
+    if x.static:
+        starts = np.cumsum([0] + list(sizes))
+        return tuple(strided_slice(lw, x, {dim: (int(b), int(b) + n, 1)}, out_shape=s)
+                     for b, n, s in zip(starts, sizes, outs_shape))
     ins = [lw.tensor(x), lw.const_tensor(list(sizes), np.int32), lw.const_tensor(axis, np.int32)]
     phys = [tuple(s[p] for p in x.perm) for s in outs_shape]
     ts, _ = lw.emit("SPLIT_V", ins, phys, [x.dtype] * len(sizes), lw.options("SplitV", numSplits=len(sizes)))

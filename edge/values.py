@@ -38,6 +38,9 @@ class Val:
     producer: object = None  # the OperatorT that wrote ``tensor`` (for activation fusion)
     users: int = 0  # fx users of the node this value came from
     layouts: dict = dataclasses.field(default_factory=dict)  # perm -> tensor index (cache)
+    # (scale, shift) over the last logical dim still to apply: a norm's affine left for its
+    # readers, all of them linear layers that fold it into their weights (see ops_nn)
+    pending_affine: tuple | None = None
 
     @property
     def rank(self) -> int:
