@@ -11,7 +11,7 @@ an exported inference graph are core ATen already, so this pass visits the graph
   fake values (traces are cached by op and argument metadata: repeated blocks trace once).
 
 Anything outside that (a mutated input or buffer, an in-place op on a view, a higher-order op,
-symbolic shapes) raises ``NeedsFullRetrace``, and the caller falls back to run_decompositions.
+data-dependent shapes) raises ``NeedsFullRetrace``, and the caller falls back to run_decompositions.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import operator
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .decompositions import splice_subgraph
 
@@ -31,6 +32,12 @@ class NeedsFullRetrace(Exception):
 
 
 aten = torch.ops.aten
+# Python-level calls an exported graph may hold besides ATen ops: tuple indexing and the
+# arithmetic on symbolic sizes of a dynamic-shape export.
+_SYMBOLIC_ARITHMETIC = {operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+                        operator.truediv, operator.mod, operator.neg, operator.eq, operator.ne, operator.lt,
+                        operator.le, operator.gt, operator.ge, torch.sym_max, torch.sym_min, torch.sym_not,
+                        torch.sym_float, torch.sym_int, torch.sym_sqrt}
 _CIA = torch._C.DispatchKey.CompositeImplicitAutograd
 # Shape/metadata checks that torch.export's own decomposition drops as well.
 _DROP = {aten._assert_tensor_metadata.default}
@@ -95,9 +102,10 @@ def _softmax(graph, node, fake_mode):
 # flatten.using_ints(Tensor(a) self, int start_dim=0, int end_dim=-1) -> Tensor(a)
 def _flatten(graph, node, fake_mode):
     x = _bound(node)["self"]
-    if not x.meta["val"].is_contiguous():
-        return None
-    return _insert(graph, node, aten.view.default, (x, list(node.meta["val"].shape)), node.meta["val"])
+    shape = list(node.meta["val"].shape)
+    if not x.meta["val"].is_contiguous() or not all(isinstance(d, int) for d in shape):
+        return None  # a symbolic size must come from a graph node: let the decomposition trace it
+    return _insert(graph, node, aten.view.default, (x, shape), node.meta["val"])
 
 
 # to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False, bool copy=False,
@@ -170,16 +178,15 @@ def decompose_in_place(ep: torch.export.ExportedProgram, table: dict, keep) -> i
     gm = ep.graph_module
     graph = gm.graph
     for n in graph.nodes:
-        v = n.meta.get("val")
-        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape)):
-            raise NeedsFullRetrace("symbolic or data-dependent shapes")
+        if free_unbacked_symbols(n.meta.get("val")):
+            raise NeedsFullRetrace("data-dependent shapes")
         if n.op == "get_attr" and isinstance(getattr(gm, n.target, None), torch.fx.GraphModule):
             raise NeedsFullRetrace("higher-order op subgraph")
     cache: dict = {}
     replaced = 0
     fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target is operator.getitem:
+        if node.op != "call_function" or node.target in _SYMBOLIC_ARITHMETIC:
             continue
         op = node.target
         if not isinstance(op, torch._ops.OpOverload):
@@ -261,7 +268,7 @@ def _meta_key(x):
     if isinstance(x, torch.fx.Node):
         v = x.meta.get("val")
         if isinstance(v, torch.Tensor):
-            return ("T", tuple(v.shape), v.dtype, tuple(v.stride()))
+            return ("T", tuple(map(str, v.shape)), v.dtype, tuple(map(str, v.stride())))  # symbolic sizes too
         return ("N", repr(v))
     if isinstance(x, (list, tuple)):
         return (type(x).__name__,) + tuple(_meta_key(y) for y in x)
@@ -277,7 +284,7 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
     if sub is None:
         fn = table.get(op) or op.decompose
         fakes = [flat[i].meta.get("val") for i in pos]
-        if not all(isinstance(f, torch.Tensor) for f in fakes):
+        if not all(isinstance(f, (torch.Tensor, torch.SymInt)) for f in fakes):  # SymInt: a dynamic size
             raise NeedsFullRetrace(f"{op} takes a non-tensor node")
 
         def run(*vals):

@@ -93,14 +93,31 @@ def test_in_place_through_an_alias_declines_and_the_pipeline_retraces(cls):
     assert rel_err(run_program(prog, x), cls().eval()(x)) <= 1e-6
 
 
-def test_dynamic_shapes_decline_and_still_convert():
-    module, args = build("resnet18")
-    x = torch.cat([args[0], args[0]])
-    dyn = ({0: torch.export.Dim("batch", min=1, max=8)},)
-    with pytest.raises(NeedsFullRetrace, match="symbolic"):
-        lean(module, (x,), dynamic_shapes=dyn)
-    prog = prepare(module, (x,), dynamic_shapes=dyn)
-    assert rel_err(run_program(prog, x), module(x)) <= 1e-5
+@pytest.mark.parametrize("name", ["resnet18", "vit", "llama"])
+def test_dynamic_batch_same_program_as_run_decompositions(name):
+    module, args = build(name)
+    args = tuple(torch.cat([a, a]) for a in args)
+    dyn = tuple({0: torch.export.Dim("batch", min=1, max=8)} for _ in args)
+    full = histogram(decompose(capture(module, args, dynamic_shapes=dyn)))
+    got = histogram(lean(module, args, dynamic_shapes=dyn))
+    for op in ("aten.clone.default", "aten._assert_tensor_metadata.default"):
+        full.pop(op, None)
+        got.pop(op, None)
+    assert got == full
+    prog = prepare(module, args, dynamic_shapes=dyn)
+    small = tuple(a[:1] for a in args)
+    assert rel_err(run_program(prog, *small), module(*small)) <= 1e-5
+
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x[x > 0].sum() + x.nonzero().shape[0]
+
+
+def test_data_dependent_shapes_decline():
+    x = torch.randn(4, 5)
+    with pytest.raises(NeedsFullRetrace, match="data-dependent"):
+        lean(DataDependent().eval(), (x,))
 
 
 def test_a_callers_exported_program_is_left_untouched():
