@@ -112,9 +112,9 @@ def _row_ops(row, keep_core) -> tuple[set, tuple]:
     """Ops of ``row``'s converted graph, plus the converter-decomposed core ops it holds; and
     the LiteRT builtins the edge backend writes for that graph (empty if it does not lower it).
 
-    Decomposition is the expensive step (~0.3 s a row), so it runs once, with ``keep_core`` kept
-    whole; those few nodes are then decomposed in place from the same table (what
-    ``converter.prepare`` would have produced) before the shared passes run."""
+    Decomposition runs once, with ``keep_core`` kept whole; those few nodes are then decomposed
+    in place from the same table (what ``converter.prepare`` would have produced) before the
+    shared passes run."""
     from converter.capture import capture, forward_params, _as_tuple
     from converter.decompositions import KEEP_WHOLE, decompose, decompose_nodes
     from converter.passes import run_shared_passes
@@ -123,7 +123,7 @@ def _row_ops(row, keep_core) -> tuple[set, tuple]:
     from tests.op_rows import OpModule, row_inputs
 
     module, args = OpModule(row), row_inputs(row)
-    kept = decompose(capture(module, args), KEEP_WHOLE | keep_core)
+    kept = decompose(capture(module, args), KEEP_WHOLE | keep_core, in_place=True)
     ops = {op_name(n.target) for n in kept.graph.nodes if n.op == "call_function" and n.target in keep_core}
     info = {"args": _as_tuple(args), "kwargs": {}, "dynamic_shapes": None, "forward_params": forward_params(module)}
     prog = program_from_exported({"serving_default": (kept, info)})
