@@ -9,6 +9,7 @@ import torch
 
 from .capture import capture, forward_params, _as_tuple
 from .decompositions import KEEP_WHOLE, decompose
+from .gc_pause import gc_paused
 from .passes import run_shared_passes
 from .program import Program, program_from_exported
 
@@ -32,6 +33,11 @@ def prepare_many(requests: list[SignatureRequest], *, strict="auto", enable_x64=
     names = [r.name for r in requests]
     if len(set(names)) != len(names):
         raise ValueError(f"signature names must be unique, got {names}")
+    with gc_paused():
+        return _prepare_many(requests, strict, enable_x64, keep)
+
+
+def _prepare_many(requests, strict, enable_x64, keep) -> Program:
     exported = {}
     for r in requests:
         ep = capture(r.module, r.args, r.kwargs, dynamic_shapes=r.dynamic_shapes, strict=strict)

@@ -27,6 +27,7 @@ class Converter:
     def convert(self, module=None, sample_args=None, sample_kwargs=None, *, strict_export="auto",
                 quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False, target=None):
         from converter import prepare_many
+        from converter.gc_pause import gc_paused
         from edge import convert_program
         from edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
 
@@ -41,10 +42,11 @@ class Converter:
             self.signature("serving_default", module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes)
         if not self._requests:
             raise ValueError("nothing to convert: pass a module, or add signatures with .signature(...)")
-        prog = prepare_many(self._requests, strict=strict_export, enable_x64=enable_x64)
-        # calibration samples are checked against the signatures before lowering
-        feeds = calibration_feeds(prog, calibration_data) if quant is not None and quant.needs_calibration else None
-        tflite = convert_program(prog)
+        with gc_paused():
+            prog = prepare_many(self._requests, strict=strict_export, enable_x64=enable_x64)
+            # calibration samples are checked against the signatures before lowering
+            feeds = calibration_feeds(prog, calibration_data) if quant is not None and quant.needs_calibration else None
+            tflite = convert_program(prog)
         if quant is not None:
             tflite = quantize_tflite(tflite, quant, feeds)
         return Model(tflite)

@@ -27,7 +27,9 @@ def run_shared_passes(prog: Program, passes=SHARED_PASSES) -> Program:
         p(prog)
         # Passes add and orphan weights; keep placeholders, weight_names and weights in step.
         for sig in prog.signatures.values():
-            sync_weights(prog, sig)
+            sync_weights(prog, sig, recompile=False)
         drop_unused_weights(prog)
         verify_program(prog, p.__name__)
+    for sig in prog.signatures.values():
+        sig.graph_module.recompile()  # once: the passes work on the graph, not on the generated code
     return prog

@@ -39,13 +39,16 @@ def _safe_name(name: str) -> str:
     return "w_" + "".join(c if c.isalnum() else "_" for c in name)
 
 
-def sync_weights(prog: Program, sig: Signature) -> None:
-    """Drop weight placeholders nobody reads; refresh ``weight_names`` from the graph."""
+def sync_weights(prog: Program, sig: Signature, *, recompile: bool = True) -> None:
+    """Drop weight placeholders nobody reads; refresh ``weight_names`` from the graph.
+    ``recompile=False`` leaves regenerating the module's Python code to the caller (passes work
+    on the graph; run_shared_passes recompiles once at the end)."""
     for n in list(sig.graph.nodes):
         if n.op == "placeholder" and "weight_name" in n.meta and not n.users:
             sig.graph.erase_node(n)
     sig.weight_names = [n.meta["weight_name"] for n in sig.weight_nodes()]
-    sig.graph_module.recompile()
+    if recompile:
+        sig.graph_module.recompile()
 
 
 def drop_unused_weights(prog: Program) -> None:

@@ -39,6 +39,7 @@ def apply_dtype_policy(prog: Program) -> None:
         changed_in = [s.name for s in sig.inputs if s.dtype in NARROW]
         changed_out = [s.name for s in sig.outputs if s.dtype in NARROW]
         touched = bool(changed_in or changed_out)
+        retyped = set()
         for n in sig.graph.nodes:
             if n.op != "call_function":
                 continue
@@ -47,6 +48,7 @@ def apply_dtype_policy(prog: Program) -> None:
             out_is_64 = any(v.dtype in NARROW for v in leaves)  # tuples too: topk/sort/max.dim indices
             if "dtype" in n.kwargs and n.kwargs["dtype"] in NARROW:
                 n.kwargs = {**n.kwargs, "dtype": _narrow_dtype(n.kwargs["dtype"])}
+                retyped.add(n)
                 touched = True
             if out_is_64:
                 touched = True
@@ -69,8 +71,9 @@ def apply_dtype_policy(prog: Program) -> None:
                 with mode:
                     v = torch.empty_strided(v.shape, v.stride(), dtype=NARROW[v.dtype], device=v.device)
                 n.meta["val"] = v
+                retyped.add(n)
             new_vals.append(v)
-        _propagate(sig, mode, new_vals)
+        _propagate(sig, mode, new_vals, retyped)
         refresh_signature_specs(sig)
         if changed_in or changed_out:
             what = []
@@ -85,15 +88,30 @@ def apply_dtype_policy(prog: Program) -> None:
             )
 
 
-def _propagate(sig, mode, placeholder_vals) -> None:
-    """Recompute every node's fake value under the policy (int64 results read as int32)."""
+def _propagate(sig, mode, placeholder_vals, retyped) -> None:
+    """Recompute the fake value of every node the policy changes (int64 results read as int32):
+    nodes with a 64-bit result, narrowed inputs and nodes whose dtype argument was narrowed
+    (``retyped``), and everything reading a value that changed. The rest keep theirs (re-running a large graph costs ~0.2 s)."""
     interp = NarrowingInterpreter(sig.graph_module)
     vals = iter(placeholder_vals)
+    changed = set()
     with mode:
         for n in sig.graph.nodes:
             if n.op == "placeholder":
-                interp.env[n] = next(vals)
+                v = next(vals)
+                if n in retyped:
+                    changed.add(n)
+                interp.env[n] = v
             elif n.op == "call_function":
-                out = interp.run_node(n)
-                interp.env[n] = out
-                n.meta["val"] = out
+                old = n.meta.get("val")
+                if n in retyped or _has_64(old) or any(a in changed for a in n.all_input_nodes):
+                    out = interp.run_node(n)
+                    n.meta["val"] = out
+                    changed.add(n)
+                    interp.env[n] = out
+                else:
+                    interp.env[n] = old
+
+
+def _has_64(val) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.dtype in NARROW for v in torch.utils._pytree.tree_leaves(val))
