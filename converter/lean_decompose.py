@@ -196,7 +196,7 @@ def decompose_in_place(ep: torch.export.ExportedProgram, table: dict, keep) -> i
                 raise NeedsFullRetrace(f"{op} has users")
             graph.erase_node(node)
             continue
-        if op in _DROPOUT and not node.args[2]:  # eval-mode dropout, in place or not: the identity
+        if op in _DROPOUT and not _bound(node)["train"]:  # eval-mode dropout, in place or not: the identity
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
             continue
