@@ -248,17 +248,12 @@ def _functionalize(graph, node):
         raise NeedsFullRetrace(f"{op} writes a graph input or a view")
     if any(u is not node and u.op == "call_function" and _aliases(u) for u in target.users):
         raise NeedsFullRetrace(f"{op} writes a tensor that a view shares")
-    later = set()
-    n = node.next
-    while n.op != "root":
-        later.add(n)
-        n = n.next
+    later = [u for u in target.users if u > node]  # fx nodes compare by graph position
     with graph.inserting_before(node):
         new = graph.call_function(functional, node.args, node.kwargs)
     new.meta = dict(node.meta)
-    for u in list(target.users):
-        if u in later:
-            u.replace_input_with(target, new)
+    for u in later:
+        u.replace_input_with(target, new)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
     return new
