@@ -5,7 +5,7 @@ Knows torch, nothing of jax or LiteRT. Heavy modules load on first use.
 
 from __future__ import annotations
 
-import importlib
+from .lazy_exports import lazy_getattr
 
 __all__ = [
     "capture",
@@ -50,7 +50,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'converter' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -7,7 +7,7 @@ on first use.
 
 from __future__ import annotations
 
-import importlib
+from converter.lazy_exports import lazy_getattr
 
 __all__ = ["convert_program", "is_supported", "EDGE", "op_histogram", "run_tflite", "QuantConfig", "QuantizationError",
            "quantize_tflite", "calibration_feeds"]
@@ -25,7 +25,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'edge' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

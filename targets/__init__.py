@@ -5,7 +5,7 @@ Heavy modules (edge, ai_edge_litert, ai_edge_quantizer, tflite_micro, tpu_backen
 
 from __future__ import annotations
 
-import importlib
+from converter.lazy_exports import lazy_getattr
 
 from .registry import TARGETS, Target, UnknownTargetError, get_target
 
@@ -21,7 +21,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'targets' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

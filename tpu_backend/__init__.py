@@ -10,7 +10,7 @@ Heavy modules (jax, libtpu) load on first use; importing this package changes no
 
 from __future__ import annotations
 
-import importlib
+from converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "export_program", "export_lowered", "ExportedBundle", "ExportError", "PLATFORMS",
@@ -38,7 +38,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module 'tpu_backend' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)

@@ -13,7 +13,7 @@ Layout::
 
 from __future__ import annotations
 
-import importlib
+from converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "save", "read_artifact", "TpuArtifact", "FORMAT_VERSION", "MIN_READABLE_VERSION",
@@ -29,7 +29,4 @@ _WHERE = {
 }
 
 
-def __getattr__(name):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _WHERE)
