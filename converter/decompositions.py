@@ -79,8 +79,10 @@ def _plain_table(keep: frozenset) -> dict:
     return table
 
 
+@functools.lru_cache(maxsize=None)
 def _decomposition_fn(op):
     # The full core table (nothing kept): the op's own decomposition, recursively to core ATen.
+    # Cached: materializing the table costs ~30 ms, and a backend may decompose many nodes.
     full = torch.export.default_decompositions()
     if op in full:
         return full[op], dict(full)
@@ -93,6 +95,25 @@ def _decomposition_fn(op):
     return (lambda *a, **k: op.decompose(*a, **k)), dict(full)
 
 
+def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
+    """``fn`` (a decomposition of ``node``'s op) traced on the node's fake values with ``table``
+    for what it calls: (the subgraph, the graph nodes its placeholders stand for, in order)."""
+    flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+    pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
+    fakes = [flat[i].meta["val"] for i in pos]
+
+    def run(*vals):
+        leaves = list(flat)
+        for i, v in zip(pos, vals):
+            leaves[i] = v
+        a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
+        return fn(*a, **k)
+
+    with fake_mode or torch._guards.detect_fake_mode(fakes):
+        sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fakes)
+    return sub, [flat[i] for i in pos]
+
+
 def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
     """Replace every call of an op in ``ops`` by its decomposition, traced on the node's fake
     values and spliced in place. Returns the number of nodes replaced."""
@@ -101,22 +122,8 @@ def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in ops:
             continue
-        fn, table = _decomposition_fn(node.target)
-        flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
-        tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
-        fake_in = [flat[i].meta["val"] for i in tensor_pos]
-
-        def run(*vals, _flat=flat, _pos=tensor_pos, _spec=spec, _fn=fn):
-            leaves = list(_flat)
-            for i, v in zip(_pos, vals):
-                leaves[i] = v
-            a, k = torch.utils._pytree.tree_unflatten(leaves, _spec)
-            return _fn(*a, **k)
-
-        fake_mode = torch._guards.detect_fake_mode(fake_in)
-        with fake_mode:
-            sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fake_in)
-        splice_subgraph(gm, node, sub, [flat[i] for i in tensor_pos])
+        sub, inputs = trace_decomposition(node, *_decomposition_fn(node.target))
+        splice_subgraph(gm, node, sub, inputs)
         count += 1
     if count:
         gm.graph.lint()

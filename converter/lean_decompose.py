@@ -19,10 +19,9 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .decompositions import splice_subgraph
+from .decompositions import splice_subgraph, trace_decomposition
 
 __all__ = ["NeedsFullRetrace", "decompose_in_place"]
 
@@ -116,18 +115,15 @@ def _to_dtype(graph, node, fake_mode):
         return None
     if a["self"].meta["val"].dtype == a["dtype"] and not a["copy"]:
         return a["self"]  # no conversion: the same tensor
-    new = _insert(graph, node, aten._to_copy.default, (a["self"],), node.meta["val"])
-    new.kwargs = {"dtype": a["dtype"]}
-    return new
+    return _insert(graph, node, aten._to_copy.default, (a["self"],), node.meta["val"], {"dtype": a["dtype"]})
 
 
 # contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)
 def _contiguous(graph, node, fake_mode):
     if _bound(node)["memory_format"] != torch.contiguous_format:
         return None
-    new = _insert(graph, node, aten.clone.default, (node.args[0],), node.meta["val"])
-    new.kwargs = {"memory_format": torch.contiguous_format}
-    return new
+    return _insert(graph, node, aten.clone.default, (node.args[0],), node.meta["val"],
+                   {"memory_format": torch.contiguous_format})
 
 
 # max_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1,
@@ -163,9 +159,9 @@ def _bound(node) -> dict:
     return out
 
 
-def _insert(graph, node, target, args, val):
+def _insert(graph, node, target, args, val, kwargs=None):
     with graph.inserting_before(node):
-        new = graph.call_function(target, tuple(args))
+        new = graph.call_function(target, tuple(args), kwargs)
     new.meta = {**node.meta, "val": val}  # the user's source line and module stack stay
     return new
 
@@ -267,31 +263,22 @@ def _meta_key(x):
         return ("N", repr(v))
     if isinstance(x, (list, tuple)):
         return (type(x).__name__,) + tuple(_meta_key(y) for y in x)
+    if isinstance(x, dict):
+        return ("dict",) + tuple((k, _meta_key(v)) for k, v in x.items())
     return ("V", type(x).__name__, repr(x))
 
 
 def _replace_with_decomposition(gm, node, table, cache, fake_mode):
     op = node.target
-    flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
-    pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
-    key = (op, _meta_key(flat))
+    key = (op, _meta_key((node.args, node.kwargs)))
     sub = cache.get(key)
-    if sub is None:
-        fn = table.get(op) or op.decompose
-        fakes = [flat[i].meta.get("val") for i in pos]
-        if not all(isinstance(f, (torch.Tensor, torch.SymInt)) for f in fakes):  # SymInt: a dynamic size
-            raise NeedsFullRetrace(f"{op} takes a non-tensor node")
-
-        def run(*vals):
-            leaves = list(flat)
-            for i, v in zip(pos, vals):
-                leaves[i] = v
-            a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
-            return fn(*a, **k)
-
+    if sub is not None:  # same op on same-looking arguments: the trace's placeholders take this node's inputs
+        inputs = [a for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+    else:
+        if not all(isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt)) for n in node.all_input_nodes):
+            raise NeedsFullRetrace(f"{op} takes a non-tensor node")  # SymInt: a dynamic size
         try:
-            with fake_mode:
-                sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fakes)
+            sub, inputs = trace_decomposition(node, table.get(op) or op.decompose, table, fake_mode)
         except Exception as e:  # noqa: BLE001
             raise NeedsFullRetrace(f"{op}: {type(e).__name__}: {e}") from e
         for n in list(sub.graph.nodes):
@@ -303,4 +290,4 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
     outs = next(n for n in sub.graph.nodes if n.op == "output").args[0]
     if isinstance(outs, (list, tuple)) and any(u.target is not operator.getitem for u in node.users):
         raise NeedsFullRetrace(f"{op}: a multi-output op used whole")
-    splice_subgraph(gm, node, sub, [flat[i] for i in pos])
+    splice_subgraph(gm, node, sub, inputs)
