@@ -64,8 +64,12 @@ class ExportedBundle:
     enable_x64: bool = False
     compiled: list = dataclasses.field(default_factory=list)  # aot.CompiledTarget
     quant: str | None = None  # "weight_only_int8" when linear weights are stored as int8 + scales
-    quantized_weights: list = dataclasses.field(default_factory=list)  # program weight names stored as int8
     quant_parts: dict = dataclasses.field(default_factory=dict)  # weight name -> (int8 name, scale name)
+
+    @property
+    def quantized_weights(self) -> list[str]:
+        """Program weight names stored as int8 + scales."""
+        return sorted(self.quant_parts)
 
     def save(self, path, **kw):
         from .artifact import save
@@ -114,7 +118,6 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
     platforms = _check_platforms(platforms)
     names = list(signatures) if signatures is not None else list(prog.signatures)
     rewrites = {n: () for n in names}
-    quantized = []
     qconfig = None
     if quant is not None:
         from .quant import int8_rewrite, parse_quant, plan_int8
@@ -122,7 +125,6 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         qconfig = parse_quant(quant)
         plan = plan_int8(prog, names, qconfig)
         rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
-        quantized = sorted(plan.weights)
     if use_pallas is not False:
         from .pallas import hooks  # noqa: F401  (registers the kernel hooks before lowering)
     lowered = {
@@ -133,8 +135,8 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
     bundle = export_lowered(prog, lowered, platforms=platforms, dtype=dtype, mesh=mesh,
                             partition_rules=partition_rules)
     if qconfig is not None:
-        bundle.quant, bundle.quantized_weights = "weight_only_int8", quantized
-        bundle.quant_parts = {n: plan.part_names(n) for n in quantized}
+        bundle.quant = "weight_only_int8"
+        bundle.quant_parts = {n: plan.part_names(n) for n in plan.weights}
     return bundle
 
 

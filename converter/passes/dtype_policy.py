@@ -38,8 +38,7 @@ def apply_dtype_policy(prog: Program) -> None:
     for sig in prog.signatures.values():
         changed_in = [s.name for s in sig.inputs if s.dtype in NARROW]
         changed_out = [s.name for s in sig.outputs if s.dtype in NARROW]
-        touched = bool(changed_in or changed_out)
-        retyped = set()
+        retyped = set()  # nodes the policy changes directly
         for n in sig.graph.nodes:
             if n.op != "call_function":
                 continue
@@ -49,9 +48,8 @@ def apply_dtype_policy(prog: Program) -> None:
             if "dtype" in n.kwargs and n.kwargs["dtype"] in NARROW:
                 n.kwargs = {**n.kwargs, "dtype": _narrow_dtype(n.kwargs["dtype"])}
                 retyped.add(n)
-                touched = True
             if out_is_64:
-                touched = True
+                retyped.add(n)
                 if any(v.dtype == torch.int64 for v in leaves):
                     for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs)):
                         if isinstance(a, int) and not isinstance(a, bool) and not (_I32[0] <= a <= _I32[1]):
@@ -59,7 +57,7 @@ def apply_dtype_policy(prog: Program) -> None:
                                 f"{op_name(n.target)} uses the int64 constant {a}, which does not fit int32, "
                                 f"at {source_line(n)}. Fix: convert with enable_x64=True, or use a smaller constant."
                             )
-        if not touched:
+        if not (retyped or changed_in or changed_out):
             continue
         mode = fake_mode_of(sig)
         new_vals = []
@@ -90,28 +88,19 @@ def apply_dtype_policy(prog: Program) -> None:
 
 def _propagate(sig, mode, placeholder_vals, retyped) -> None:
     """Recompute the fake value of every node the policy changes (int64 results read as int32):
-    nodes with a 64-bit result, narrowed inputs and nodes whose dtype argument was narrowed
-    (``retyped``), and everything reading a value that changed. The rest keep theirs (re-running a large graph costs ~0.2 s)."""
+    ``retyped`` (narrowed inputs, 64-bit results, narrowed dtype arguments) and everything reading
+    a value that changed. The rest keep theirs (re-running a large graph costs ~0.2 s)."""
     interp = NarrowingInterpreter(sig.graph_module)
     vals = iter(placeholder_vals)
     changed = set()
     with mode:
         for n in sig.graph.nodes:
             if n.op == "placeholder":
-                v = next(vals)
+                interp.env[n] = next(vals)
                 if n in retyped:
                     changed.add(n)
-                interp.env[n] = v
             elif n.op == "call_function":
-                old = n.meta.get("val")
-                if n in retyped or _has_64(old) or any(a in changed for a in n.all_input_nodes):
-                    out = interp.run_node(n)
-                    n.meta["val"] = out
+                if n in retyped or any(a in changed for a in n.all_input_nodes):
+                    n.meta["val"] = interp.run_node(n)
                     changed.add(n)
-                    interp.env[n] = out
-                else:
-                    interp.env[n] = old
-
-
-def _has_64(val) -> bool:
-    return any(isinstance(v, torch.Tensor) and v.dtype in NARROW for v in torch.utils._pytree.tree_leaves(val))
+                interp.env[n] = n.meta["val"]
