@@ -114,18 +114,18 @@ class Lowerer:
         shape, cperm = L.canonical_transpose(v.phys_shape(), tperm)
         if cperm == (0, 2, 1) and None not in shape and shape[0] >= 16 and min(shape[1:]) == 2:
             n, a, b = shape
-            t = self._reshape_tensor(v.tensor, (n, a * b), v.dtype)
+            t = self.reshape_tensor(v.tensor, (n, a * b), v.dtype)
             for shp, p in (((a * b, n), (1, 0)), ((b, a, n), (1, 0, 2)), ((n, b * a), (1, 0))):
-                t = self._reshape_tensor(t, tuple(shp[i] for i in L.inverse(p)), v.dtype)
+                t = self.reshape_tensor(t, tuple(shp[i] for i in L.inverse(p)), v.dtype)
                 (t,), _ = self.emit("TRANSPOSE", [t, self.const_tensor(p, np.int32)], [shp], [v.dtype],
                                     suffix="transpose", version=_transpose_version(len(p), v.dtype))
-            return self._reshape_tensor(t, out_shape, v.dtype)
+            return self.reshape_tensor(t, out_shape, v.dtype)
         tp = self.const_tensor(tperm, np.int32)
         (t,), _ = self.emit("TRANSPOSE", [v.tensor, tp], [out_shape], [v.dtype], suffix="transpose",
                             version=_transpose_version(len(tperm), v.dtype))
         return t
 
-    def _reshape_tensor(self, t: int, shape, dtype) -> int:
+    def reshape_tensor(self, t: int, shape, dtype) -> int:
         """Tensor ``t`` as static ``shape`` (no op when it has that shape already)."""
         if tuple(self.sg.tensors[t].shape) == tuple(shape):
             return t

@@ -171,9 +171,7 @@ def _slice_views(lw, x: Val, axes, shape, perm) -> Val:
     phys_out = tuple(shape[p] for p in perm)
     if all(b == 0 and k == n for n, b, k in axes):
         return lw.reshape(lw.alias(x), shape) if tuple(shape) != tuple(x.shape) else lw.alias(x)
-    ext = tuple(n for n, _, _ in axes)
-    if ext != x.phys_shape():
-        (t,), _ = lw.emit("RESHAPE", [t, lw.const_tensor(list(ext), np.int32)], [ext], [x.dtype], suffix="reshape")
+    t = lw.reshape_tensor(t, tuple(n for n, _, _ in axes), x.dtype)
     size = tuple(k for _, _, k in axes)
     ins = [t, lw.const_tensor([b for _, b, _ in axes], np.int32), lw.const_tensor(list(size), np.int32)]
     if size == phys_out:
