@@ -13,6 +13,7 @@ from converter import prepare, run_program
 from converter.capture import capture
 from converter.decompositions import KEEP_WHOLE, _plain_table, decompose
 from converter.lean_decompose import NeedsFullRetrace, decompose_in_place
+from tests.converter.test_pipeline import rel_err
 from tests.zoo import build
 
 KEEP = frozenset(KEEP_WHOLE)
@@ -26,10 +27,6 @@ def lean(module, args, **kw):
 
 def histogram(ep):
     return collections.Counter(str(n.target) for n in ep.graph.nodes if n.op == "call_function")
-
-
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
 
 
 @pytest.mark.parametrize("name", ["resnet18", "efficientnet", "convnext", "swin", "t5"])

@@ -4,6 +4,7 @@ converted once per test process."""
 from __future__ import annotations
 
 import functools
+import re
 
 import torch
 import torch.utils._pytree as pytree
@@ -65,6 +66,17 @@ def rel_err(out, ref) -> float:
     if not ref.is_floating_point():
         return float((out.long() != ref.long()).sum())
     return float((out.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-12))
+
+
+# the Mosaic kernel names in a TPU lowering's StableHLO text
+KERNEL = re.compile(r'kernel_name = "([^"]+)"')
+
+
+def first_output_rel_err(got, want) -> float:
+    """max |got - want| / max |want| over the first output (the whole output if it is one tensor)."""
+    got = got if isinstance(got, torch.Tensor) else got[0]
+    want = want if isinstance(want, torch.Tensor) else want[0]
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
 
 
 def assert_close_tree(out, ref, tol=1e-5):

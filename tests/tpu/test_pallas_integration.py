@@ -10,7 +10,6 @@ path of the dispatch, compared with torch eager:
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
 import torch
@@ -20,15 +19,7 @@ import torch.nn.functional as F
 import converter
 import tpu_backend
 from tests import zoo
-
-KERNEL = re.compile(r'kernel_name = "([^"]+)"')
-
-
-def _rel_err(got, want) -> float:
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    want = want if isinstance(want, torch.Tensor) else want[0]
-    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
-
+from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 
 def _tpu_kernels(bundle) -> set:
     """Mosaic kernel names in the TPU lowering of every signature of ``bundle``."""
@@ -62,7 +53,7 @@ def test_llama_with_kernels_saves_loads_and_matches_torch(llama, llama_bundle, t
     loaded = tpu_backend.load(path)
     with torch.no_grad():
         want = model(*args)
-    err = _rel_err(loaded(*args), want)
+    err = first_output_rel_err(loaded(*args), want)
     assert err <= 1e-4, f"llama with Pallas kernels on CPU: rel err {err:.3g}"
 
 
@@ -93,7 +84,7 @@ def test_cpu_only_and_pallas_off_exports_have_no_kernel(llama):
     assert "tpu_custom_call" not in off.signatures["serving_default"].exported.mlir_module()
     with torch.no_grad():
         want = model(*args)
-    assert _rel_err(cpu_only(*args), want) <= 1e-4
+    assert first_output_rel_err(cpu_only(*args), want) <= 1e-4
 
 
 def test_auto_mode_keeps_small_f32_llama_on_xla(llama, caplog):
@@ -148,7 +139,7 @@ def test_bert_style_mask_and_layer_norm_take_kernels():
     assert "_norm_kernel" in kernels, kernels  # aten.layer_norm through its hook
     with torch.no_grad():
         want = model(*args)
-    err = _rel_err(bundle(*args), want)
+    err = first_output_rel_err(bundle(*args), want)
     assert err <= 1e-4, f"bert-style block with kernels on CPU: rel err {err:.3g}"
 
 
@@ -160,7 +151,7 @@ def test_zoo_bert_layer_norm_hook():
     assert _tpu_kernels(bundle) == {"_norm_kernel"}
     with torch.no_grad():
         want = model(*args)
-    assert _rel_err(bundle(*args), want) <= 1e-4
+    assert first_output_rel_err(bundle(*args), want) <= 1e-4
 
 
 class _Fallbacks(nn.Module):
@@ -190,7 +181,7 @@ def test_hooks_fall_back_with_logged_reasons(caplog):
     with torch.no_grad():
         want = _Fallbacks()(*args)
     for got, ref in zip(bundle(*args), want):
-        assert _rel_err(got, ref) <= 1e-5
+        assert first_output_rel_err(got, ref) <= 1e-5
 
 
 def test_hook_declines_return_not_implemented():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 import torch
@@ -21,16 +20,8 @@ import torch.nn as nn
 import converter
 import tpu_backend
 from tests import zoo
+from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 from tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
-
-KERNEL = re.compile(r'kernel_name = "([^"]+)"')
-
-
-def _rel_err(got, want) -> float:
-    got = got if isinstance(got, torch.Tensor) else got[0]
-    want = want if isinstance(want, torch.Tensor) else want[0]
-    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
-
 
 def _weights_table(path) -> dict:
     with open(os.path.join(path, "manifest.json")) as f:
@@ -79,7 +70,7 @@ def test_llama_int8_artifact_size_accuracy_kernel_and_aot(llama, tmp_path):
 
     with torch.no_grad():
         want = model(*args)
-    err = _rel_err(tpu_backend.load(int8_path)(*args), want)
+    err = first_output_rel_err(tpu_backend.load(int8_path)(*args), want)
     assert err <= 2e-2, f"int8 llama: rel err {err:.3g}"
 
 
@@ -98,7 +89,7 @@ def test_bert_int8_bf16_and_plain_bf16(tmp_path):
     table = _weights_table(q.save(tmp_path / "q.tpuexp"))
     assert table["layers.0.query.weight.int8_scale"]["dtype"] == "float32"  # scales stay f32 under bf16
     assert table["layers.0.query.bias"]["dtype"] == "bfloat16"  # 1-D weights stay float (bf16 here)
-    err = _rel_err(q(*args), want)
+    err = first_output_rel_err(q(*args), want)
     assert err <= 3e-2, f"bert int8 + bf16: rel err {err:.3g}"
 
 
@@ -136,7 +127,7 @@ def test_matmul_spellings_are_quantized_and_match():
     assert "_int8_matmul_kernel" in KERNEL.findall(bundle.signatures["serving_default"].exported.mlir_module())
     with torch.no_grad():
         want = model(x)
-    assert _rel_err(bundle(x), want) <= 2e-2
+    assert first_output_rel_err(bundle(x), want) <= 2e-2
 
 
 def test_quant_scheme_names():
@@ -175,7 +166,7 @@ def test_convert_tpu_v6e_int8_end_to_end(tmp_path):
     assert art.compiled, "tpu-v6e writes the AOT executable when libtpu is installed"
     with torch.no_grad():
         want = model(x)
-    err = _rel_err(tpu_backend.load(path)(x), want)
+    err = first_output_rel_err(tpu_backend.load(path)(x), want)
     assert err <= 2e-2, f"int8 MLP via convert: rel err {err:.3g}"
 
 
