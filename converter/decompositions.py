@@ -7,6 +7,7 @@ A backend that is handed a kept op it does not lower decomposes that op itself w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -113,9 +114,19 @@ def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
         a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
         return fn(*a, **k)
 
-    with fake_mode or torch._guards.detect_fake_mode(fakes):
+    with fake_mode or torch._guards.detect_fake_mode(fakes), _lazy_code():
         sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fakes)
     return sub, [flat[i] for i in pos]
+
+
+def _lazy_code():
+    # The subgraph is only read and spliced, never called: skip generating its Python code
+    # (~1 ms a trace; swin traces 17).
+    try:
+        from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    except ImportError:
+        return contextlib.nullcontext()
+    return _use_lazy_graph_module(True)
 
 
 def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:

@@ -89,7 +89,9 @@ def apply_dtype_policy(prog: Program) -> None:
 def _propagate(sig, mode, placeholder_vals, retyped) -> None:
     """Recompute the fake value of every node the policy changes (int64 results read as int32):
     ``retyped`` (narrowed inputs, 64-bit results, narrowed dtype arguments) and everything reading
-    a value that changed. The rest keep theirs (re-running a large graph costs ~0.2 s)."""
+    a value that changed. The rest keep theirs (re-running a large graph costs ~0.2 s), and so do
+    the readers of a node whose recomputed value looks as before (an int32 index into a float table
+    gives the same float result: swin's relative-position bias would otherwise re-run ~300 nodes)."""
     interp = NarrowingInterpreter(sig.graph_module)
     vals = iter(placeholder_vals)
     changed = set()
@@ -101,6 +103,23 @@ def _propagate(sig, mode, placeholder_vals, retyped) -> None:
                     changed.add(n)
             elif n.op == "call_function":
                 if n in retyped or any(a in changed for a in n.all_input_nodes):
-                    n.meta["val"] = interp.run_node(n)
-                    changed.add(n)
+                    old, n.meta["val"] = n.meta.get("val"), interp.run_node(n)
+                    if not _looks_the_same(old, n.meta["val"]):
+                        changed.add(n)
                 interp.env[n] = n.meta["val"]
+
+
+def _looks_the_same(old, new) -> bool:
+    """Same dtypes, static shapes and strides, leaf by leaf (symbolic shapes count as different:
+    comparing them would add guards)."""
+    a, b = torch.utils._pytree.tree_leaves(old), torch.utils._pytree.tree_leaves(new)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            return False
+        if x.dtype != y.dtype or not all(isinstance(d, int) for d in (*x.shape, *x.stride(), *y.shape, *y.stride())):
+            return False
+        if x.shape != y.shape or x.stride() != y.stride():
+            return False
+    return True
