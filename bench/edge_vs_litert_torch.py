@@ -1,13 +1,14 @@
 """Edge path vs Google's litert-torch 0.10.0, side by side in one run.
 
-    .venv/bin/python bench/edge_vs_litert_torch.py [--models resnet18,vit] [--runs 30]
+    .venv/bin/python bench/edge_vs_litert_torch.py [--models resnet18,vit] [--runs 60] [--conversions 3]
 
 Installs litert-torch 0.10.0 into its own venv (.bench-venv-peer; it owns the module name
-`litert_torch`), converts each model with both in fresh subprocesses (conversion wall time, peak
-RSS), then measures in this process: .tflite size, LiteRT interpreter latency (1 thread, median of
---runs, ours and the peer's in alternating blocks of 5), max rel err vs torch eager. Prints per-model figures and our/peer ratios, plus the time of
-torch.export alone in a fresh process ("export": importing its tracer and exporting once) and the
-speed-up that floor allows ("x bound" = peer time / export time).
+`litert_torch`) and converts each model with both in fresh subprocesses: conversion wall time and
+peak RSS are the median of --conversions runs, interleaved with the peer's and with torch.export
+alone ("export": importing its tracer and exporting once, the floor of any torch.export-based
+converter; "x bound" = peer time / export time). Then, in this process: .tflite size, LiteRT
+interpreter latency (1 thread, median of --runs, ours and the peer's in alternating blocks of 5),
+max rel err vs torch eager, and our/peer ratios.
 
 Both converters run as installed packages do, from bytecode: pip compiled the peer's when it installed
 it; this repo is an editable install, and where PYTHONDONTWRITEBYTECODE is set (as on this machine)
@@ -62,6 +63,14 @@ def convert_in_subprocess(py, impl, model, out):
         if line.startswith("{"):
             return json.loads(line)
     return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+
+
+def median_run(infos: list) -> dict:
+    """The run with the median conversion time (its own peak RSS), or the first error."""
+    errors = [i for i in infos if "error" in i]
+    if errors:
+        return errors[0]
+    return sorted(infos, key=lambda i: i["convert_s"])[len(infos) // 2]
 
 
 class Timed:
@@ -120,6 +129,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--conversions", type=int, default=3, help="fresh-process conversions per model and converter")
     a = ap.parse_args()
     import numpy as np
     import torch
@@ -137,12 +147,19 @@ def main():
                 ref = module(*args)
             params = list(inspect.signature(module.forward).parameters)
             inputs = [x.numpy().astype(np.int32) if x.dtype == torch.int64 else x.numpy() for x in args]
-            row = {"model": name, "export": convert_in_subprocess(ours_py, "export-only", name, os.devnull)}
+            row = {"model": name}
+            workers = (("export", ours_py, "export-only"), ("ours", ours_py, "ours"), ("peer", peer_py, "peer"))
+            for key, py, impl in workers:
+                row[key] = []
+            for _ in range(a.conversions):  # interleaved, so that load on the machine hits all three alike
+                for key, py, impl in workers:
+                    row[key].append(convert_in_subprocess(py, impl, name, os.path.join(tmp, f"{name}.{key}.tflite")))
+            for key, _, _ in workers:
+                row[key] = median_run(row[key])
             timed = {}
-            for impl, py in (("ours", ours_py), ("peer", peer_py)):
+            for impl in ("ours", "peer"):
                 out = os.path.join(tmp, f"{name}.{impl}.tflite")
-                info = convert_in_subprocess(py, impl, name, out)
-                row[impl] = info
+                info = row[impl]
                 if "error" in info:
                     continue
                 feed = inputs
