@@ -69,11 +69,11 @@ def decompose(exported: torch.export.ExportedProgram, keep=KEEP_WHOLE, *, in_pla
 
 @functools.lru_cache(maxsize=4)
 def _plain_table(keep: frozenset) -> dict:
-    # The core table without its composite (CIA) entries: the node-by-node pass decomposes a CIA op
-    # through its own kernel, which is what those entries hold. torch's public table
-    # (default_decompositions) enumerates and wraps every CIA op of every namespace on first read:
-    # 0.06-0.08 s of a conversion, for entries this pass never looks up. The private builder it starts
-    # from is the ATen part alone; if a torch release drops it, the public table still works.
+    # The core table without its composite (CIA) entries: both decomposition passes decompose a
+    # CIA op through its own kernel (decomposition_of), which is what those entries hold. torch's
+    # public table (default_decompositions) enumerates and wraps every CIA op of every namespace on
+    # first read: 0.06-0.08 s of a conversion, for entries never looked up. The private builder it
+    # starts from is the ATen part alone; if a torch release drops it, the public table still works.
     try:
         from torch._decomp import _core_aten_decompositions_post_autograd as core_aten
     except ImportError:
@@ -84,20 +84,10 @@ def _plain_table(keep: frozenset) -> dict:
     return table
 
 
-@functools.lru_cache(maxsize=None)
-def _decomposition_fn(op):
-    # The full core table (nothing kept): the op's own decomposition, recursively to core ATen.
-    # Cached: materializing the table costs ~30 ms, and a backend may decompose many nodes.
-    full = torch.export.default_decompositions()
-    if op in full:
-        return full[op], dict(full)
-    from torch._decomp import core_aten_decompositions
-
-    core = core_aten_decompositions()
-    if op in core:
-        return core[op], dict(core)
-    # CompositeImplicitAutograd ops (e.g. linear, matmul) decompose through their own kernel.
-    return (lambda *a, **k: op.decompose(*a, **k)), dict(full)
+def decomposition_of(op, table: dict):
+    """``op``'s decomposition: its entry in ``table``, or, for a composite op (linear, matmul, the
+    CompositeImplicitAutograd ops the core table leaves out), its own kernel."""
+    return table.get(op) or op.decompose
 
 
 def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
@@ -137,7 +127,9 @@ def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in ops:
             continue
-        sub, inputs = trace_decomposition(node, *_decomposition_fn(node.target))
+        # nothing kept: what the decomposition calls decomposes too, down to core ATen
+        table = _plain_table(frozenset())
+        sub, inputs = trace_decomposition(node, decomposition_of(node.target, table), table)
         splice_subgraph(gm, node, sub, inputs)
         count += 1
     if count:

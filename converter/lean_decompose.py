@@ -21,7 +21,7 @@ import operator
 import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from .decompositions import splice_subgraph, trace_decomposition
+from .decompositions import decomposition_of, splice_subgraph, trace_decomposition
 
 __all__ = ["NeedsFullRetrace", "decompose_in_place"]
 
@@ -278,7 +278,7 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
         if not all(isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt)) for n in node.all_input_nodes):
             raise NeedsFullRetrace(f"{op} takes a non-tensor node")  # SymInt: a dynamic size
         try:
-            sub, inputs = trace_decomposition(node, table.get(op) or op.decompose, table, fake_mode)
+            sub, inputs = trace_decomposition(node, decomposition_of(op, table), table, fake_mode)
         except Exception as e:  # noqa: BLE001
             raise NeedsFullRetrace(f"{op}: {type(e).__name__}: {e}") from e
         for n in list(sub.graph.nodes):
