@@ -1,8 +1,9 @@
 """One call, both outputs: capture once, then write an artifact per target.
 
 ``convert(model, args, targets=["tpu-v6e", "android"], out_dir=...)`` resolves every target and
-checks every backend's op support before writing anything; each artifact is written atomically
-by its backend, then a summary.json beside them.
+checks every target's options and every backend's op support before any work; every artifact is
+built in a staging folder inside ``out_dir`` and all of them are published together, then the
+summary.json beside them: a failure leaves ``out_dir`` as it was.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import time
 from typing import Callable
 
+from .atomic import discard, publish_dir, staging_dir, write_file
 from .errors import ConversionError
 from .pipeline import SignatureRequest, prepare_many
 
@@ -71,25 +73,79 @@ def convert(
     for name, b in backends.items():
         check_support(prog, name, b.is_supported)  # every backend, before anything is written
 
+    earlier = _check_out_dir(out_dir, resolved)
     os.makedirs(out_dir, exist_ok=True)
-    written, summary = {}, {"capture_seconds": round(capture_s, 3), "targets": {}}
-    for t in resolved:
-        t1 = time.perf_counter()
-        say(f"{t.name}: lowering and writing ({t.backend} backend)")
-        path, info = backends[t.backend].write_for_target(prog, t, out_dir, options, say)
-        written[t.name] = path
-        summary["targets"][t.name] = {"path": os.path.relpath(path, out_dir), "seconds": round(time.perf_counter() - t1, 3),
-                                      "bytes": artifact_size(path), **info}
-    summary["signatures"] = {
-        s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs],
-                 "outputs": [(o.name, list(o.shape), str(o.dtype)) for o in s.outputs]}
-        for s in prog.signatures.values()
-    }
-    tmp = os.path.join(out_dir, ".summary.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2, default=str)
-    os.replace(tmp, os.path.join(out_dir, "summary.json"))
-    return written
+    # Every target is built in one staging folder inside out_dir; only when all of them (and the summary)
+    # are complete are they published, so a failing target leaves out_dir as it was.
+    stage = staging_dir(os.path.join(out_dir, _STAGE))
+    try:
+        # targets converted into out_dir by earlier calls stay listed: their folders are still the tool's
+        summary = {"capture_seconds": round(capture_s, 3), "targets": dict(earlier)}
+        for t in resolved:
+            t1 = time.perf_counter()
+            say(f"{t.name}: lowering and writing ({t.backend} backend)")
+            path, info = backends[t.backend].write_for_target(prog, t, stage, options, say)
+            summary["targets"][t.name] = {"path": os.path.relpath(path, stage),
+                                          "seconds": round(time.perf_counter() - t1, 3),
+                                          "bytes": artifact_size(path), **info}
+        summary["signatures"] = {
+            s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs],
+                     "outputs": [(o.name, list(o.shape), str(o.dtype)) for o in s.outputs]}
+            for s in prog.signatures.values()
+        }
+        summary_bytes = json.dumps(summary, indent=2, default=str).encode()
+        say(f"publishing {len(resolved)} target(s) into {out_dir}")
+        _publish(stage, out_dir, [t.name for t in resolved])
+        write_file(os.path.join(out_dir, "summary.json"), summary_bytes)
+    finally:
+        discard(stage)
+    return {t.name: os.path.join(out_dir, summary["targets"][t.name]["path"]) for t in resolved}
+
+
+_STAGE = "convert"  # staging folder: out_dir/.convert.tmp-<pid>-*
+
+
+def _check_out_dir(out_dir: str, targets) -> dict:
+    """Each target replaces its own folder in out_dir: only a folder this tool wrote (listed in out_dir's
+    summary.json) or an empty one is ever replaced, checked before any work is written. Returns the
+    summary entries of the other targets listed there whose folders still exist."""
+    listed = {}
+    try:
+        with open(os.path.join(out_dir, "summary.json"), "rb") as f:
+            data = json.loads(f.read(16 << 20))
+        listed = {k: v for k, v in data["targets"].items()
+                  if isinstance(v, dict) and isinstance(v.get("path"), str) and v["path"].split("/")[0] == k}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    for t in targets:
+        d = os.path.join(out_dir, t.name)
+        if not os.path.lexists(d) or t.name in listed:
+            continue
+        if os.path.isdir(d) and not os.path.islink(d) and not os.listdir(d):
+            continue
+        raise ConversionError(f"refusing to replace {d}: it exists and was not written by tpu-export (not listed in "
+                              f"{os.path.join(out_dir, 'summary.json')}). Fix: choose another out_dir or remove it.")
+    names = {t.name for t in targets}
+    return {k: v for k, v in listed.items() if k not in names and os.path.isdir(os.path.join(out_dir, k))}
+
+
+def _publish(stage: str, out_dir: str, names: list[str]) -> None:
+    """Move each staged target folder into out_dir; if one cannot be moved, put back those already moved."""
+    done = []
+    try:
+        for name in names:
+            done.append((name, publish_dir(os.path.join(stage, name), os.path.join(out_dir, name), keep_old=True)))
+    except BaseException:
+        for name, old in reversed(done):
+            dest = os.path.join(out_dir, name)
+            if old is None:
+                discard(dest)
+            else:
+                publish_dir(old, dest)
+        raise
+    for _, old in done:
+        if old is not None:
+            discard(old)
 
 
 def artifact_size(path: str) -> int:

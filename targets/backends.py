@@ -28,10 +28,10 @@ class EdgeBackend:
     @staticmethod
     def validate_options(target, options):
         _check_known(target, options, EDGE_OPTIONS, TPU_OPTIONS)
-        if options.get("quant_config") is not None:
-            from .quantize import check_scheme
+        from .checks import resolve_quant
 
-            check_scheme(target, options["quant_config"])  # a scheme the runtime cannot run fails before capture
+        # a scheme the runtime cannot run, or static int8 without calibration data, fails before capture
+        resolve_quant(target, {k: v for k, v in options.items() if k in EDGE_OPTIONS})
 
     @staticmethod
     def is_supported(node) -> bool:

@@ -11,7 +11,7 @@ import numpy as np
 from .compat import compatibility
 from .registry import get_target
 
-__all__ = ["check_for_target", "package", "lower_for_target", "calibration_samples"]
+__all__ = ["check_for_target", "package", "lower_for_target", "calibration_samples", "resolve_quant"]
 
 
 def _say(say):
@@ -143,16 +143,27 @@ def _no_leftovers(t, options) -> None:
 
 
 def _quant_options(t, options) -> tuple:
-    """(QuantConfig or None, calibration data) from the options; iot is always static int8."""
+    """(QuantConfig or None, calibration data) from the options, which it consumes."""
+    quant, calibration = resolve_quant(t, options)
+    for k in ("quant_config", "fp16_weights", "calibration_data"):
+        options.pop(k, None)
+    return quant, calibration
+
+
+def resolve_quant(t, options) -> tuple:
+    """(QuantConfig or None, calibration data) that ``options`` ask of target ``t``; iot is always static
+    int8. Checks the scheme against the target's runtime and the calibration data against the scheme,
+    without touching the model: converter.convert runs it for every target before capture."""
     from .quantize import QuantizationError, check_scheme
 
-    quant = options.pop("quant_config", None)
-    if options.pop("fp16_weights", t.options.get("fp16_weights", False)):
+    t = get_target(t)
+    quant = options.get("quant_config")
+    if options.get("fp16_weights", t.options.get("fp16_weights", False)):
         quant = quant or "fp16"
     if t.name == "iot" and quant is None:
         quant = "static_int8"
     quant = check_scheme(t, quant)
-    calibration = options.pop("calibration_data", None)
+    calibration = options.get("calibration_data")
     if quant is not None and quant.needs_calibration and calibration is None:
         raise QuantizationError(f"target {t.name!r}: {quant.scheme} builds a full-integer int8 model and needs "
                                 "calibration_data (a list of sample inputs: tuples of the module's args, or "

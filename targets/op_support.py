@@ -280,9 +280,9 @@ def main(argv=None) -> int:
     if "--write" in argv:
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            f.write(render_markdown())
-        os.replace(path + ".tmp", path)
+        from converter.atomic import write_file
+
+        write_file(path, render_markdown().encode())
         print(f"wrote {path}")
     else:
         print(coverage_text())

@@ -1,8 +1,9 @@
-"""Atomic writes: stage the whole artifact next to the target, fsync, then rename into place.
+"""Atomic artifact writes over converter.atomic: stage the whole artifact next to the target,
+fsync, then publish it in one step.
 
-A failed or interrupted save leaves the target as it was (and no half-written staging files:
-they are removed on any exception; a killed process can leave only a hidden ``.<name>.tmp-*``
-sibling, never a partial artifact under the target name).
+A failed save leaves the target as it was and removes its staging files; a killed one leaves the
+old or the new artifact at the target, and the next save cleans what the kill left
+(``converter.atomic.recover``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import contextlib
 import hashlib
 import os
 import shutil
-import tempfile
 import zipfile
+
+from converter.atomic import discard, publish_dir as _publish_dir, staging_dir, write_file
 
 __all__ = ["StagingDir", "publish_dir", "publish_zip"]
 
@@ -21,9 +23,7 @@ class StagingDir:
     """A temp directory next to ``target`` where files are written and hashed."""
 
     def __init__(self, target: str):
-        parent = os.path.dirname(os.path.abspath(target)) or "."
-        os.makedirs(parent, exist_ok=True)
-        self.root = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.tmp-", dir=parent)
+        self.root = staging_dir(target)
         self.files: dict[str, dict] = {}
 
     @contextlib.contextmanager
@@ -41,7 +41,7 @@ class StagingDir:
             f.write(data)
 
     def cleanup(self):
-        shutil.rmtree(self.root, ignore_errors=True)
+        discard(self.root)
 
 
 def _sha256(path: str) -> str:
@@ -52,54 +52,16 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def publish_dir(stage: StagingDir, target: str) -> None:
-    """Rename the staged directory to ``target``; an existing artifact there is replaced."""
-    os.chmod(stage.root, 0o777 & ~_umask())  # mkdtemp made it private
-    for d, _, _ in os.walk(stage.root):
-        _fsync_dir(d)
-    target = os.path.abspath(target)
-    old = None
-    if os.path.lexists(target):
-        old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}.old-", dir=os.path.dirname(target))
-        os.rmdir(old)
-        os.rename(target, old)
-    try:
-        os.rename(stage.root, target)
-    except BaseException:
-        if old is not None:
-            os.rename(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) else os.remove(old)
-    _fsync_dir(os.path.dirname(target))
+    """Put the staged directory at ``target``; an existing artifact there is replaced."""
+    _publish_dir(stage.root, target)
 
 
 def publish_zip(stage: StagingDir, target: str, order: list[str]) -> None:
     """Pack the staged files (uncompressed, so weights stay mappable) into ``target`` atomically."""
-    target = os.path.abspath(target)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.tmp-", dir=os.path.dirname(target))
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+
+    def pack(f):
+        with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
             for rel in order:
                 info = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))  # reproducible bytes
                 info.compress_type = zipfile.ZIP_STORED
@@ -107,12 +69,5 @@ def publish_zip(stage: StagingDir, target: str, order: list[str]) -> None:
                 full = os.path.join(stage.root, rel)
                 with open(full, "rb") as src, zf.open(info, "w", force_zip64=os.path.getsize(full) > 2**31) as dst:
                     shutil.copyfileobj(src, dst, 1 << 20)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp made it private
-        os.replace(tmp, target)
-        _fsync_dir(os.path.dirname(target))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+
+    write_file(target, pack)

@@ -1,0 +1,186 @@
+"""The one atomic writer: every file and directory we publish lands whole, or not at all.
+
+- ``write_file(path, data)``: a uniquely named temp file in the same folder, fsync, mode from the
+  umask (``mkstemp`` makes files 0600), rename into place, fsync the folder.
+- ``staging_dir(target)``: a private, uniquely named folder beside ``target`` (``.<name>.tmp-<pid>-*``)
+  to build a directory in; ``publish_dir(stage, target)`` puts it at ``target``.
+- A directory publish swaps the two names in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so a
+  kill at any instant leaves the old or the new directory at ``target``. Where the exchange is not
+  available it moves the old one aside first (``.<name>.old-<pid>-*``); a kill between the two
+  renames then leaves no ``target``, and the next ``recover(target)`` (every publish runs it first)
+  puts the old one back. Leftover staging folders of dead processes are removed the same way;
+  those of live processes are left alone, so two conversions into one folder never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import re
+import shutil
+import tempfile
+
+__all__ = ["write_file", "staging_dir", "publish_dir", "recover", "discard", "file_mode", "dir_mode", "fsync_dir"]
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _umask() -> int:
+    # os.umask has no read-only form; the set-and-restore pair is how the stdlib itself reads it.
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    return 0o666 & ~_umask()
+
+
+def dir_mode() -> int:
+    return 0o777 & ~_umask()
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def _tag(target: str, kind: str) -> str:
+    return f".{os.path.basename(target)}.{kind}-{os.getpid()}-"
+
+
+def write_file(path, data) -> str:
+    """Write ``data`` (bytes, or a callable taking the open binary file) to ``path`` atomically."""
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=_tag(path, "tmp"), dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    fsync_dir(folder)
+    return path
+
+
+def staging_dir(target) -> str:
+    """A fresh folder beside ``target`` (same filesystem, so publishing is a rename)."""
+    target = os.path.abspath(os.fspath(target))
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    recover(target)
+    root = tempfile.mkdtemp(prefix=_tag(target, "tmp"), dir=parent)
+    os.chmod(root, dir_mode())  # mkdtemp made it 0700; the published folder follows the umask
+    return root
+
+
+def discard(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two existing paths atomically; False where the OS or filesystem cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def publish_dir(stage: str, target, *, keep_old: bool = False) -> str | None:
+    """Put the staged folder at ``target``, replacing what is there; ``stage`` is consumed.
+
+    The replaced content is deleted, or with ``keep_old`` moved to the returned path (None when
+    nothing was there) so that a caller publishing several folders can put it back."""
+    target = os.path.abspath(os.fspath(target))
+    for d, _, _ in os.walk(stage):
+        fsync_dir(d)
+    recover(target)
+    parent = os.path.dirname(target)
+    old = None
+    if not os.path.lexists(target):
+        os.rename(stage, target)
+    elif _exchange(stage, target):
+        old = stage  # now holds the replaced content
+    else:
+        old = tempfile.mkdtemp(prefix=_tag(target, "old"), dir=parent)
+        os.rmdir(old)
+        os.rename(target, old)
+        try:
+            os.rename(stage, target)
+        except BaseException:
+            os.rename(old, target)
+            raise
+    fsync_dir(parent)
+    if old is not None and not keep_old:
+        discard(old)
+        return None
+    return old
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[^/]*$")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(target) -> None:
+    """Undo what a killed publish of ``target`` left behind (see the module doc)."""
+    target = os.path.abspath(os.fspath(target))
+    parent, base = os.path.split(target)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    olds, tmps = [], []
+    for n in names:
+        m = _LEFTOVER.match(n)
+        if m is None or m.group("name") != base or _alive(int(m.group("pid"))):
+            continue
+        (olds if m.group("kind") == "old" else tmps).append(os.path.join(parent, n))
+    if olds and not os.path.lexists(target):
+        # killed between the two renames: the newest aside copy is the artifact that was there
+        olds.sort(key=os.path.getmtime)
+        os.rename(olds.pop(), target)
+    for p in olds + tmps:
+        discard(p)
