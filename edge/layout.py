@@ -12,7 +12,7 @@ from __future__ import annotations
 
 __all__ = [
     "identity", "is_identity", "inverse", "channel_last", "transpose_perm", "same_data_order",
-    "drop_dims", "insert_unit_dim", "plan_reshape", "last_dim_layout", "canonical_transpose",
+    "drop_dims", "plan_reshape", "last_dim_layout", "canonical_transpose",
 ]
 
 
@@ -58,30 +58,11 @@ def drop_dims(perm, dims) -> tuple:
     return tuple(rank.index(d) for d in kept)
 
 
-def insert_unit_dim(perm, d: int) -> tuple:
-    """Layout after inserting a size-1 logical dim at ``d``: placed physically right after
-    logical dim d-1 (or first), so identity stays identity."""
-    shifted = [p + 1 if p >= d else p for p in perm]
-    if d == 0:
-        return (0,) + tuple(shifted)
-    at = shifted.index(d - 1) + 1
-    return tuple(shifted[:at] + [d] + shifted[at:])
-
-
 def last_dim_layout(perm, dim: int) -> tuple:
     """``perm`` if logical ``dim`` is already innermost, else ``perm`` with ``dim`` moved last."""
     if perm[-1] == dim:
         return tuple(perm)
     return tuple(p for p in perm if p != dim) + (dim,)
-
-
-def _size(shape, dims):
-    n = 1
-    for d in dims:
-        if shape[d] is None:
-            return None
-        n *= shape[d]
-    return n
 
 
 def _factor(old, new):

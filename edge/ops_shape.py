@@ -186,10 +186,6 @@ def _slice_version(rank, dtype) -> int:
     return {np.dtype(np.int8): 2, np.dtype(np.int16): 4}.get(np.dtype(dtype), 1)
 
 
-def _static_int(v):
-    return v.value if isinstance(v, SymVal) else v
-
-
 # slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
 @lowering(aten.slice.Tensor)
 @supported_if(lambda n: all(not isinstance(a, torch.fx.Node) for a in n.args[2:]))

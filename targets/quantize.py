@@ -8,8 +8,8 @@ from edge.quantize import QuantConfig, QuantizationError, as_quant_config, quant
 
 from .registry import get_target
 
-__all__ = ["QuantizationError", "QuantConfig", "unique_tensor_names", "quantize_int8", "float16_weights",
-           "target_quant_config", "check_scheme", "quantize_for_target"]
+__all__ = ["QuantizationError", "QuantConfig", "unique_tensor_names", "quantize_int8",
+           "target_quant_config", "check_scheme"]
 
 # The LiteRT interpreter (Android, iOS, desktop CPUs) runs every scheme; LiteRT.js tensors hold float32,
 # int32 and uint8 only (targets/web.py), so int8 inputs/outputs are out there; TFLite Micro has integer
@@ -40,12 +40,6 @@ def check_scheme(target, quant_config) -> QuantConfig | None:
         raise QuantizationError("target 'web': LiteRT.js tensors hold float32, int32 and uint8, not int8; "
                                 "use QuantConfig('static_int8', io_dtype='float32')")
     return cfg
-
-
-def quantize_for_target(target, tflite: bytes, quant_config, calibration=None) -> bytes:
-    """Quantize ``tflite`` for ``target`` (scheme checked first); ``calibration`` as edge.quantize takes it."""
-    cfg = check_scheme(target, quant_config)
-    return tflite if cfg is None else quantize_tflite(tflite, cfg, calibration)
 
 
 def _signature_inputs(tflite: bytes) -> dict[str, list[str]]:
@@ -84,9 +78,3 @@ def quantize_int8(tflite: bytes, calibration_data, *, io_dtype: str = "int8") ->
     model = unique_tensor_names(tflite)
     data = _calibration_by_signature(model, calibration_data)
     return quantize_tflite(model, QuantConfig("static_int8", io_dtype=io_dtype), data)
-
-
-def float16_weights(tflite: bytes) -> bytes:
-    """Weights stored as float16 (ai-edge-quantizer's float casting): half the size; the GPU delegates
-    compute in fp16 anyway, the CPU dequantizes once at load."""
-    return quantize_tflite(tflite, "fp16")

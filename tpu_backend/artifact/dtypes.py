@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["DTYPE_NAMES", "torch_to_name", "name_to_numpy", "name_to_torch", "torch_to_numpy_array",
+__all__ = ["DTYPE_NAMES", "torch_to_name", "name_to_numpy", "torch_to_numpy_array",
            "numpy_to_torch"]
 
 _TORCH = {
@@ -34,10 +34,6 @@ def torch_to_name(dtype: torch.dtype) -> str:
         return _TORCH[dtype]
     except KeyError:
         raise TypeError(f"dtype {dtype} is not supported in a TPU artifact; supported: {sorted(DTYPE_NAMES)}") from None
-
-
-def name_to_torch(name: str) -> torch.dtype:
-    return _FROM_NAME[name]
 
 
 def name_to_numpy(name: str) -> np.dtype:
