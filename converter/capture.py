@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
+import sys
 import warnings
 
 import torch
@@ -35,13 +37,11 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
         path = os.fspath(module)
         if not os.path.isfile(path):
             raise ExportFailedError(f"{path}: no such file. Fix: pass an nn.Module or a .pt2 saved by torch.export.save")
-        try:
-            return torch.export.load(path)
-        except Exception as e:  # noqa: BLE001
-            raise ExportFailedError(
-                f"{path}: not a readable torch.export .pt2 archive ({type(e).__name__}: {str(e)[:200]}). "
-                "Fix: save it with torch.export.save(torch.export.export(model, args), path)"
-            ) from e
+        from .pt2_load import load_pt2
+
+        # never torch.export.load: it unpickles and evaluates parts of the file (see pt2_load)
+        with _quiet_torch_logs():
+            return load_pt2(path)
     if isinstance(module, torch.export.ExportedProgram):
         return module
     if not isinstance(module, torch.nn.Module):
@@ -65,7 +65,7 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
     first_error = None
     for s in modes[strict]:
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _quiet_torch_logs():
                 return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=s)
         except Exception as e:  # noqa: BLE001
             if first_error is None:
@@ -73,6 +73,48 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
             if _is_user_error(e):
                 break  # wrong inputs or dynamic_shapes fail the same way in strict mode: don't trace twice
     raise explain_export_error(first_error, module) from first_error
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs():
+    """Keep torch's own diagnostics off stderr while it traces: a failing export logs warnings
+    and prints a partial graph (~40 lines) before the one-line explanation raised here.
+
+    torch's loggers are raised to CRITICAL for the duration and its direct prints to stderr
+    are held: written out after a successful export, dropped (kept on the error as
+    ``torch_output``) after a failed one. With TORCH_LOGS set the user asked for torch's logs,
+    so nothing is touched. The stderr swap is process-wide, as every redirect of sys.stderr is.
+    """
+    if os.environ.get("TORCH_LOGS"):
+        yield
+        return
+    import io
+    import logging
+
+    names = ["torch"] + [n for n in logging.root.manager.loggerDict if n.startswith("torch.")]
+    saved = {}
+    for n in names:
+        lg = logging.getLogger(n)
+        if n == "torch" or lg.level != logging.NOTSET:
+            saved[n] = lg.level
+            lg.setLevel(logging.CRITICAL)
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except BaseException as e:
+        if held.getvalue():
+            try:
+                e.torch_output = held.getvalue()
+            except AttributeError:  # an exception type without a __dict__
+                pass
+        raise
+    else:
+        if held.getvalue():
+            sys.stderr.write(held.getvalue())
+    finally:
+        for n, level in saved.items():
+            logging.getLogger(n).setLevel(level)
 
 
 def _is_user_error(e: BaseException) -> bool:
@@ -163,13 +205,13 @@ def explain_export_error(exc: BaseException, module=None) -> ExportFailedError:
         if re.search(pattern, text, flags=re.IGNORECASE | re.DOTALL):
             cause, fix = c, f
             break
-    first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    first = text.strip().splitlines()[0][:300].rstrip(" .") if text.strip() else type(exc).__name__
     where = _user_frame(exc)
-    msg = f"torch.export failed on {name}: {cause}.\n  torch says: {first}\n"
+    # one line: the CLI prints it as is, and a log line stays greppable
+    msg = f"torch.export failed on {name}: {cause} (torch says: {first})"
     if where:
-        msg += f"  at {where}\n"
-    msg += f"  Fix: {fix}."
-    return ExportFailedError(msg)
+        msg += f" at {where}"
+    return ExportFailedError(f"{msg}. Fix: {fix}.")
 
 
 def forward_params(module) -> list[str]:

@@ -216,22 +216,36 @@ def main(argv=None) -> int:
     prepare_cpu_host()  # before jax starts: quiet, concurrent-safe libtpu on hosts without a TPU
     import warnings
 
-    # torch's own pytree deprecation notice fires inside torch.export; it is not the user's to fix
-    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-    try:
-        return args.fn(args)
-    except KeyboardInterrupt:
-        print("tpu-export: interrupted; nothing partial was left behind", file=sys.stderr)
-        return 130
-    except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with TPU_EXPORT_DEBUG=1
-        if os.environ.get("TPU_EXPORT_DEBUG"):
-            raise
-        msg = str(e).strip() or type(e).__name__
-        first, _, rest = msg.partition("\n")
-        print(f"tpu-export: error: {first}", file=sys.stderr)
-        if rest and not isinstance(e, CliError):
-            print(rest, file=sys.stderr)
-        return 2 if isinstance(e, CliError) else 1
+    with warnings.catch_warnings():  # the filters and the one-line format end with this command
+        # torch's own pytree deprecation notice fires inside torch.export; it is not the user's to fix
+        warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+        warnings.showwarning = _show_warning
+        try:
+            return args.fn(args)
+        except KeyboardInterrupt:
+            print("tpu-export: interrupted; nothing partial was left behind", file=sys.stderr)
+            return 130
+        except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with TPU_EXPORT_DEBUG=1
+            if os.environ.get("TPU_EXPORT_DEBUG"):
+                raise
+            _print_error(e)
+            return 2 if isinstance(e, CliError) else 1
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """A warning is one line too: what it says, not the source line that raised it."""
+    text = " ".join(str(message).split())
+    print(f"tpu-export: warning: {text}", file=sys.stderr if file is None else file)
+
+
+def _print_error(e: BaseException) -> None:
+    """``tpu-export: error: <first line>``; a list the error carries (the ops that failed to
+    lower, one per line) follows it. torch's tracebacks and logs never do."""
+    msg = str(e).strip() or type(e).__name__
+    first, _, rest = msg.partition("\n")
+    print(f"tpu-export: error: {first}", file=sys.stderr)
+    if rest and not isinstance(e, CliError):
+        print(rest, file=sys.stderr)
 
 
 if __name__ == "__main__":
