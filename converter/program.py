@@ -226,6 +226,16 @@ def program_from_exported(
                     "Fix: call module.eval() before converting, or return the new value instead of "
                     "assigning it to the buffer."
                 )
+            elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                # torch.export turns x.add_(...) on an input into an extra output that writes x back
+                from .errors import source_line
+
+                where = source_line(val) if isinstance(val, torch.fx.Node) else "<unknown source line>"
+                raise ConversionError(
+                    f"signature {sig_name!r}: forward modifies its input {spec.target!r} in place at {where}; "
+                    "LiteRT and StableHLO programs cannot write to their inputs. Fix: work on a copy "
+                    f"({spec.target} = {spec.target}.clone() first) or return the new value instead."
+                )
             else:
                 raise ConversionError(f"signature {sig_name!r}: unsupported output kind {spec.kind}")
         out_spec = ep.call_spec.out_spec
