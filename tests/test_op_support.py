@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 import torch
 
 from targets import op_support
+from tests.numerics import rel_err
 
 FLOOR = 90.0
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
@@ -78,11 +78,6 @@ class _Fn(torch.nn.Module):
         return self.fn(x)
 
 
-def _rel_err(got, want) -> float:
-    got, want = np.asarray(got, np.float64), want.double().numpy()
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-6))
-
-
 @pytest.mark.parametrize("op", sorted(_DYNAMIC_CASES))
 def test_dynamic_only_ops(op):
     import jax
@@ -111,4 +106,4 @@ def test_dynamic_only_ops(op):
         (edge_out,) = runner(**{sig.inputs[0].name: x.numpy()}).values()
         for backend, got in (("tpu", tpu_out), ("edge", edge_out)):
             assert tuple(got.shape) == tuple(want.shape), (backend, got.shape)
-            assert _rel_err(got, want) <= 1e-5, f"{op} on {backend} at batch {n}"
+            assert rel_err(got, want) <= 1e-5, f"{op} on {backend} at batch {n}"

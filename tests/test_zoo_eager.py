@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch.export import Dim
 
+from tests.numerics import rel_err
+
 try:  # run from the repository root (python -m pytest): tests/ is a namespace package
     from tests import op_rows, zoo
 except ImportError:  # pytest's rootdir-relative import of tests/ as a plain directory
@@ -31,11 +33,6 @@ def _flat(out):
     return [t for o in out for t in _flat(o)]
 
 
-def _rel_err(got, want) -> float:
-    got, want = got.detach().double(), want.detach().double()
-    return float((got - want).abs().max() / max(float(want.abs().max()), 1e-6))
-
-
 def _assert_close(got, want, rtol=1e-5, what=""):
     got, want = _flat(got), _flat(want)
     assert len(got) == len(want), what
@@ -43,7 +40,7 @@ def _assert_close(got, want, rtol=1e-5, what=""):
         assert g.shape == w.shape and g.dtype == w.dtype, (what, i, g.shape, w.shape, g.dtype, w.dtype)
         if w.is_floating_point():
             assert torch.isfinite(w).all(), (what, i)
-            err = _rel_err(g, w)
+            err = rel_err(g, w)
             assert err <= rtol, f"{what} output {i}: rel err {err:.3g} > {rtol}"
         else:
             assert torch.equal(g, w), (what, i)

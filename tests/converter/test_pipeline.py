@@ -1,6 +1,5 @@
 """Capture and the shared passes: the cleaned Program still computes what torch computes."""
 
-import os
 import warnings
 
 import pytest
@@ -8,14 +7,10 @@ import torch
 import torch.utils._pytree as pytree
 
 import converter
-from converter import prepare, prepare_many, run_program, SignatureRequest
+from converter import SignatureRequest, prepare, prepare_many, run_program
+from tests.numerics import rel_err
 
 aten = torch.ops.aten
-
-
-def rel_err(a, b):
-    a, b = torch.as_tensor(a).double(), torch.as_tensor(b).double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-6)).item()
 
 
 def assert_matches(prog, module, args, kwargs=None, tol=1e-5, signature_name=None):

@@ -11,15 +11,12 @@ import pytest
 
 from targets import package
 from targets.web import es_module_snippet
+from tests.numerics import rel_err
 from tests.targets.web_harness import missing_reason, run_in_chromium
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
 REL_ERR = 1e-4
-
-
-def _rel_err(got, ref):
-    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-12))
 
 
 def test_cnn_in_chromium_through_the_generated_es_module(cnn, tmp_path):
@@ -28,7 +25,7 @@ def test_cnn_in_chromium_through_the_generated_es_module(cnn, tmp_path):
     tfl = open(written["model.tflite"], "rb").read()
     snippet = open(written["model.js"]).read()
     out = run_in_chromium(tfl, {"x": args[0].numpy()}, snippet=snippet)
-    assert _rel_err(out["output_0"], ref.numpy()) <= REL_ERR
+    assert rel_err(out["output_0"], ref.numpy()) <= REL_ERR
 
 
 def test_encoder_in_chromium(encoder, tmp_path):
@@ -39,7 +36,7 @@ def test_encoder_in_chromium(encoder, tmp_path):
     out = run_in_chromium(tfl, inputs)
     for name, r in zip(["output_0", "output_1"], ref):
         assert out[name].shape == tuple(r.shape)
-        assert _rel_err(out[name], r.numpy()) <= REL_ERR, name
+        assert rel_err(out[name], r.numpy()) <= REL_ERR, name
 
 
 def test_snippet_has_the_real_signature(encoder):

@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import converter
+from tests.numerics import rel_err  # noqa: F401 - re-exported for the TPU tests
 from tests.zoo import ZOO, batch_like
 
 __all__ = ["MLP", "mlp_program", "zoo_program", "rel_err", "assert_close_tree"]
@@ -57,15 +58,6 @@ def zoo_program(name: str, dynamic: bool = False):
         b = torch.export.Dim("batch", min=1, max=32)
         dyn = tuple({0: b} for _ in args)
     return model, args, converter.prepare(model, args, dynamic_shapes=dyn)
-
-
-def rel_err(out, ref) -> float:
-    """max |out - ref| / max |ref| over one tensor (integer tensors: exact count of mismatches)."""
-    out, ref = torch.as_tensor(out), torch.as_tensor(ref)
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    if not ref.is_floating_point():
-        return float((out.long() != ref.long()).sum())
-    return float((out.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-12))
 
 
 # the Mosaic kernel names in a TPU lowering's StableHLO text

@@ -14,13 +14,14 @@ import functools
 import warnings
 
 import jax
-from jax import export as jax_export
 import numpy as np
 import pytest
 import torch
 import torch.utils._pytree as pytree
+from jax import export as jax_export
 
 import converter
+from tests.numerics import rel_err
 from tests.zoo import ZOO, batch_like
 from tpu_backend.lowering import lower_signature
 
@@ -28,13 +29,6 @@ FP32_RTOL = 1e-4
 # bf16 keeps 8 mantissa bits (eps 2**-8); through 10-20 layers of matmuls/convs and norms the
 # relative error grows to a few percent (measured: 0.3%-4.6%, resnet18 the largest).
 BF16_RTOL = {"resnet18": 1e-1, "mobilenet_v3": 5e-2, "vit": 5e-2, "bert": 5e-2, "llama": 5e-2, "t5": 5e-2}
-
-
-def _rel_err(got, want: torch.Tensor) -> float:
-    want = want.double().numpy()
-    got = np.asarray(got, np.float64)
-    assert got.shape == want.shape, (got.shape, want.shape)
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-6))
 
 
 def _inputs(lowered, args):
@@ -61,7 +55,7 @@ def _check(name, got, module, args, rtol):
         want = pytree.tree_leaves(module(*args))
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        err = _rel_err(g, w)
+        err = rel_err(g, w)
         assert err <= rtol, f"{name}: rel err {err:.3g} > {rtol:g}"
 
 

@@ -12,14 +12,15 @@ import functools
 import warnings
 
 import jax
-from jax import export as jax_export
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from jax import export as jax_export
 
 import converter
+from tests.numerics import rel_err
 from tests.op_rows import ROWS, OpModule, OpRow, row_inputs, rows_by_id
 from tpu_backend.lowering import JAX_LOWERINGS, lower_signature, unsupported
 
@@ -209,12 +210,6 @@ BF16_ROWS: dict[str, float] = {
 _ALL_ROWS = {**rows_by_id(), **{r.id: r for r in LOCAL_ROWS}}
 
 
-def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    if want.size == 0:
-        return 0.0
-    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-6))
-
-
 @functools.lru_cache(maxsize=None)
 def _prepared(row_id: str, weights_as_params: bool):
     # torch.export dominates a row's cost; the bf16 tests reuse the fp32 tests' programs.
@@ -248,7 +243,7 @@ def _run_row(row, *, weights_as_params=False, dtype=None, export_tpu=False):
 def _compare(row, got, want, tol):
     for g, w in zip(got, want):
         if w.is_floating_point():
-            err = _rel_err(np.asarray(g, np.float64), w.double().numpy())
+            err = rel_err(np.asarray(g, np.float64), w.double().numpy())
             assert err <= tol, f"{row.id}: rel err {err:.3g} > {tol:.3g}"
         else:
             np.testing.assert_array_equal(np.asarray(g).astype(np.int64), w.numpy().astype(np.int64),
@@ -356,7 +351,7 @@ def test_dynamic_batch(case):
         want = pytree.tree_leaves(fn(x))
         for g, w in zip(got, want):
             assert tuple(g.shape) == tuple(w.shape)
-            err = _rel_err(np.asarray(g, np.float64), w.double().numpy())
+            err = rel_err(np.asarray(g, np.float64), w.double().numpy())
             assert err <= 1e-5, f"{case} at batch {n}: rel err {err:.3g}"
 
 
@@ -429,4 +424,4 @@ def test_multi_signature_program_shares_weights():
         lowered = lower_signature(prog, name)
         assert sorted(lowered.weight_names) == sorted(prog.weights)  # one stored copy, both read it
         (got,) = jax.jit(lowered.fn)(lowered.weight_arrays(prog), x.numpy())
-        assert _rel_err(np.asarray(got, np.float64), want.detach().double().numpy()) <= 1e-6
+        assert rel_err(np.asarray(got, np.float64), want.detach().double().numpy()) <= 1e-6
