@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import ConversionError, UnsupportedOutputError
+from .index_bounds import index_bounds
 
 __all__ = ["TensorSpec", "Signature", "Program", "program_from_exported", "verify_program"]
 
@@ -19,6 +20,8 @@ class TensorSpec:
     name: str
     shape: tuple  # ints, and str names for dynamic dims (e.g. "batch")
     dtype: torch.dtype
+    # ids that feed an embedding: every value must be in [0, index_bound), as torch checks
+    index_bound: int | None = None
 
     @property
     def is_dynamic(self) -> bool:
@@ -258,7 +261,8 @@ def program_from_exported(
             v = node.meta["val"]
             return TensorSpec(name, tuple(dim_of(d, sym_names) for d in v.shape), v.dtype)
 
-        inputs = [spec_of(n.name, n) for n in user_nodes]
+        inputs = [dataclasses.replace(spec_of(n.name, n), index_bound=b)
+                  for n, b in zip(user_nodes, index_bounds(user_nodes))]
         outputs = [spec_of(nm, v) for nm, v in zip(names, user_out)]
         ranges = {}
         for sym, rng in ep.range_constraints.items():
@@ -287,7 +291,7 @@ def refresh_signature_specs(sig: Signature) -> None:
     """Recompute input/output dtypes and shapes from the graph (after a pass changed them)."""
     ins = sig.input_nodes()
     sig.inputs = [
-        TensorSpec(spec.name, spec.shape, node.meta["val"].dtype) for spec, node in zip(sig.inputs, ins)
+        dataclasses.replace(spec, dtype=node.meta["val"].dtype) for spec, node in zip(sig.inputs, ins)
     ]
     outs = sig.output_nodes()
     sig.outputs = [

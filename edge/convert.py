@@ -10,6 +10,7 @@ import torch
 from converter.decompositions import KEEP_WHOLE, decompose_nodes
 from converter.support import check_support
 
+from . import layout
 from . import ops  # noqa: F401 - fills the EDGE table
 from .builder import ModelBuilder
 from .lower import SYM_OPS, lower_signature
@@ -36,12 +37,42 @@ def _decompose_unlowered(prog) -> None:
         decompose_nodes(sig.graph_module, missing)
 
 
-def _structure(prog) -> bytes:
+def _takes_channel_last(node) -> bool:
+    """Every reader permutes the input (N, spatial..., C) -> (N, C, spatial...): the model takes
+    it channel-last (what litert_torch.to_channel_last_io writes)."""
+    r = node.meta["val"].dim()
+    to_first = [0, r - 1, *range(1, r - 1)]
+    return r >= 3 and bool(node.users) and all(
+        u.target is torch.ops.aten.permute.default and list(u.args[1]) == to_first for u in node.users)
+
+
+def _input_specs(sig, channel_last) -> list[dict]:
+    """Each input as the .tflite takes it: shape (dim names for dynamic dims), layout, id bound."""
+    out = []
+    for k, (spec, node) in enumerate(zip(sig.inputs, sig.input_nodes())):
+        shape = [d if isinstance(d, str) else int(d) for d in spec.shape]
+        entry = {"name": spec.name, "shape": shape}
+        if k in channel_last and len(shape) >= 3:
+            entry["shape"] = [shape[p] for p in layout.channel_last(len(shape))]
+            entry["channel_last"] = True
+        elif _takes_channel_last(node):
+            entry["channel_last"] = True
+        if spec.index_bound is not None:
+            entry["index_bound"] = spec.index_bound
+        out.append(entry)
+    return out
+
+
+def _structure(prog, to_channel_last_io=None) -> bytes:
+    """Per signature: input/output names, pytree specs and the input specs the Model checks calls against."""
     from torch.utils._pytree import treespec_dumps
 
     out = {}
     for name, sig in prog.signatures.items():
         entry = {"inputs": [s.name for s in sig.inputs], "outputs": [s.name for s in sig.outputs]}
+        io = to_channel_last_io.get(name) if isinstance(to_channel_last_io, dict) else to_channel_last_io
+        entry["input_specs"] = _input_specs(sig, set(io[0]) if io else set())
+        entry["dim_ranges"] = {d: [int(lo), int(hi)] for d, (lo, hi) in sig.dim_ranges.items()}
         try:
             entry["in_spec"] = treespec_dumps(sig.in_spec)
             entry["out_spec"] = treespec_dumps(sig.out_spec)
@@ -70,5 +101,5 @@ def convert_program(prog, *, to_channel_last_io=None) -> bytes:
                 io = io.get(sig.name)
             ins, outs = io if io is not None else ((), ())
             lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
-    model.metadata[STRUCTURE_METADATA] = _structure(prog)
+    model.metadata[STRUCTURE_METADATA] = _structure(prog, to_channel_last_io)
     return model.finish()

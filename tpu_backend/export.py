@@ -37,7 +37,7 @@ class ExportedSignature:
     name: str
     exported: Any  # jax.export.Exported
     weight_names: list[str]
-    inputs: list[dict]  # {"name", "shape", "dtype", "sharding"?, "jax_shape"?}
+    inputs: list[dict]  # {"name", "shape", "dtype", "index_bound"?, "sharding"?, "jax_shape"?}
     outputs: list[dict]
     input_structure: dict  # artifact.structure of (args, kwargs)
     output_structure: dict
@@ -264,8 +264,11 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
 
 
 def _spec_json(s) -> dict:
-    return {"name": s.name, "shape": [d if isinstance(d, str) else int(d) for d in s.shape],
-            "dtype": torch_to_name(s.dtype)}
+    out = {"name": s.name, "shape": [d if isinstance(d, str) else int(d) for d in s.shape],
+           "dtype": torch_to_name(s.dtype)}
+    if s.index_bound is not None:  # embedding ids: the runtime checks them like torch
+        out["index_bound"] = int(s.index_bound)
+    return out
 
 
 def _constraints(inputs, ranges, rename) -> list[str]:
