@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
+import threading
 
 import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["Model", "load", "ModelExportError"]
+from converter.input_check import check_inputs
 
-_STRUCTURE = "tpu_export.structure"  # written by edge.convert (JSON pytree specs, never code)
+from ._signatures import bind, quantize_floats, read_signatures
+
+__all__ = ["Model", "load", "ModelExportError"]
 
 
 class ModelExportError(OSError):
@@ -26,7 +28,11 @@ class Model:
     def __init__(self, tflite_model: bytes):
         self._data = bytes(tflite_model)
         self._interpreter = None
-        self._signatures = _read_signatures(self._data)
+        self._runners: dict = {}
+        # One interpreter, one call at a time: set inputs, invoke and read (copied) outputs under
+        # the lock, so threads sharing a Model never see each other's tensors.
+        self._lock = threading.Lock()
+        self._signatures = read_signatures(self._data)
 
     # ------------------------------------------------------------------ API
     def tflite_model(self) -> bytes:
@@ -64,92 +70,30 @@ class Model:
             else:
                 raise KeyError(f"no signature {signature_name!r}; this model has {sorted(self._signatures)}")
         sig = self._signatures[signature_name]
-        flat = _flatten(args, kwargs, sig.get("in_spec"))
-        names = sig["inputs"]
-        if len(flat) != len(names):
-            raise TypeError(f"signature {signature_name!r} takes {len(names)} tensors ({names}); got {len(flat)}")
-        runner = self._runner(signature_name)
-        details = runner.get_input_details()
-        feeds = {}
-        for name, x in zip(names, flat):
-            a = x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-            feeds[name] = _to_input_dtype(a, details[name])
-        out = runner(**feeds)
-        leaves = [torch.from_numpy(np.array(out[n])) for n in sig["outputs"]]
+        flat = quantize_floats(sig, bind(signature_name, sig, args, kwargs))
+        # the same check the TPU runtime runs (names, rank, dims and their ranges, dtype, embedding ids)
+        arrays = check_inputs(signature_name, sig["specs"], flat, sig["dim_ranges"])
+        feeds = dict(zip(sig["inputs"], arrays))
+        with self._lock:
+            out = self._runner(signature_name)(**feeds)  # outputs come back as copies
+        leaves = [torch.from_numpy(o if o.flags.writeable else np.array(o)) for o in (out[n] for n in sig["outputs"])]
         spec = sig.get("out_spec")
         if spec is None:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
         return pytree.tree_unflatten(leaves, spec)
 
     def _runner(self, name):
+        """The signature's runner on the Model's one interpreter; call it holding ``self._lock``."""
         if self._interpreter is None:
             from ai_edge_litert.interpreter import Interpreter
 
             self._interpreter = Interpreter(model_content=self._data)
-            self._runners = {}
         if name not in self._runners:
             self._runners[name] = self._interpreter.get_signature_runner(name)
         return self._runners[name]
-
-
-def _to_input_dtype(a: np.ndarray, detail: dict) -> np.ndarray:
-    """Cast to the input's dtype; a float array fed to a quantized (int8/uint8) input is
-    quantized with that input's scale and zero point, as the model's own QUANTIZE would."""
-    want = detail["dtype"]
-    if a.dtype == want:
-        return a
-    scale, zero = (detail.get("quantization") or (0.0, 0))[:2]
-    if np.issubdtype(a.dtype, np.floating) and np.issubdtype(want, np.integer) and scale:
-        info = np.iinfo(want)
-        return np.clip(np.round(a / scale) + zero, info.min, info.max).astype(want)
-    return a.astype(want, copy=False)
 
 
 def load(path) -> Model:
     """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed)."""
     with open(os.fspath(path), "rb") as f:
         return Model(f.read())
-
-
-def _flatten(args, kwargs, in_spec):
-    if in_spec is not None and kwargs:
-        try:
-            keys = in_spec.children_specs[1].context
-            if set(keys) == set(kwargs):
-                kwargs = {k: kwargs[k] for k in keys}
-        except (AttributeError, IndexError):
-            pass
-    return pytree.tree_leaves((tuple(args), dict(kwargs)))
-
-
-def _read_signatures(data: bytes) -> dict:
-    from ai_edge_litert import schema_py_generated as s
-
-    m = s.Model.GetRootAs(data, 0)
-    structure = {}
-    for i in range(m.MetadataLength()):
-        md = m.Metadata(i)
-        if md.Name() and md.Name().decode() == _STRUCTURE:
-            raw = m.Buffers(md.Buffer()).DataAsNumpy()
-            structure = json.loads(bytes(raw).decode())
-    sigs = {}
-    for i in range(m.SignatureDefsLength()):
-        sd = m.SignatureDefs(i)
-        key = sd.SignatureKey().decode()
-        entry = {
-            "inputs": [sd.Inputs(j).Name().decode() for j in range(sd.InputsLength())],
-            "outputs": [sd.Outputs(j).Name().decode() for j in range(sd.OutputsLength())],
-        }
-        extra = structure.get(key, {})
-        if extra.get("inputs") and sorted(extra["inputs"]) == sorted(entry["inputs"]):
-            entry["inputs"] = extra["inputs"]
-        if extra.get("outputs") and sorted(extra["outputs"]) == sorted(entry["outputs"]):
-            entry["outputs"] = extra["outputs"]
-        for k in ("in_spec", "out_spec"):
-            if k in extra:
-                try:
-                    entry[k] = pytree.treespec_loads(extra[k])
-                except Exception:  # noqa: BLE001 - unknown node types: flat tuple instead
-                    pass
-        sigs[key] = entry
-    return sigs

@@ -14,10 +14,11 @@ import logging
 import os
 
 import numpy as np
-import torch
+
+from converter.input_check import InputValueError, bind_inputs, check_inputs
 
 from .artifact import structure
-from .artifact.dtypes import name_to_numpy, numpy_to_torch, torch_to_numpy_array
+from .artifact.dtypes import numpy_to_torch, torch_to_numpy_array
 from .artifact.versions import runtime_versions
 from .export import x64_scope
 from .sharding import MeshSpec, named_sharding
@@ -25,8 +26,6 @@ from .sharding import MeshSpec, named_sharding
 __all__ = ["load", "TpuProgram", "current_platform"]
 
 log = logging.getLogger(__name__)
-_I32 = np.iinfo(np.int32)
-_NARROW = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.float32)}
 
 
 def load(path, *, verify: bool = True, use_compiled: bool = True) -> "TpuProgram":
@@ -116,8 +115,7 @@ class TpuProgram:
 
     def __call__(self, *args, signature_name: str | None = None, **kwargs):
         sig = self.signature(signature_name)
-        flat = self._flatten(sig, args, kwargs)
-        xs = [self._convert(sig, spec, x) for spec, x in zip(sig.inputs, flat)]
+        xs = self._convert(sig, self._flatten(sig, args, kwargs))
         with x64_scope(self._x64):
             runner = self._runner(sig, [list(x.shape) for x in xs])
             if runner.stored or self.mesh is not None:
@@ -137,48 +135,23 @@ class TpuProgram:
     # ------------------------------------------------------------------ inputs
 
     def _flatten(self, sig, args, kwargs) -> list:
-        names = [s["name"] for s in sig.inputs]
-        try:
-            return structure.flatten(sig.input_structure, (tuple(args), dict(kwargs)))
-        except TypeError as err:
-            if not kwargs and len(args) == len(names):  # flat positional tensors, in input order
-                return list(args)
-            if not args and set(kwargs) == set(names):  # every input by its name
-                return [kwargs[n] for n in names]
-            raise TypeError(f"signature {sig.name!r} takes inputs {names}: {err}") from None
+        top = sig.input_structure
+        kw = top["items"][1] if top.get("kind") == "tuple" and len(top.get("items", ())) == 2 else {}
+        return bind_inputs(sig.name, [s["name"] for s in sig.inputs], args, kwargs,
+                           flatten=lambda a, k: structure.flatten(top, (tuple(a), dict(k))),
+                           keywords=kw.get("keys", ()) if kw.get("kind") == "dict" else ())
 
-    def _convert(self, sig, spec, x) -> np.ndarray:
-        if isinstance(x, torch.Tensor):
-            a = torch_to_numpy_array(x)
-        else:
-            a = np.asarray(x)
-        want = name_to_numpy(spec["dtype"])
-        if a.dtype != want:
-            if _NARROW.get(a.dtype) == want:
-                if want == np.int32 and a.size and (a.min() < _I32.min or a.max() > _I32.max):
-                    raise ValueError(f"input {spec['name']!r}: int64 values outside the int32 range the "
-                                     f"program uses ([{a.min()}, {a.max()}])")
-            elif not np.can_cast(a.dtype, want, "same_kind"):
-                raise TypeError(f"input {spec['name']!r} is {a.dtype}; signature {sig.name!r} takes {spec['dtype']}")
-            a = a.astype(want)
-        shape = spec["shape"]
-        if a.ndim != len(shape):
-            raise ValueError(f"input {spec['name']!r} has shape {list(a.shape)}; signature {sig.name!r} takes {shape}")
-        for i, (d, n) in enumerate(zip(shape, a.shape)):
-            if isinstance(d, int) and d != n:
-                raise ValueError(f"input {spec['name']!r} has shape {list(a.shape)}; signature {sig.name!r} takes "
-                                 f"{shape} (dim {i} must be {d})")
-            if isinstance(d, str) and d in sig.dim_ranges:
-                lo, hi = sig.dim_ranges[d]
-                if not lo <= n <= hi:
-                    raise ValueError(f"input {spec['name']!r}: dim {i} ({d}) is {n}, outside its range [{lo}, {hi}]")
-        sh = spec.get("sharding")
-        if sh and self.mesh_spec is not None:
-            for i, e in enumerate(sh):
-                if e is not None and a.shape[i] % self.mesh_spec.axis_size(e):
-                    raise ValueError(f"input {spec['name']!r}: dim {i} is {a.shape[i]}, which does not split over "
-                                     f"mesh axis {e!r} ({self.mesh_spec.axis_size(e)} devices)")
-        return a
+    def _convert(self, sig, flat) -> list:
+        """The one input check the edge Model runs too (names, rank, dims, dim ranges, dtype casts,
+        embedding ids), then what only a mesh adds: each sharded dim splits over its mesh axis."""
+        xs = check_inputs(sig.name, sig.inputs, flat, sig.dim_ranges)
+        if self.mesh_spec is not None:
+            for spec, a in zip(sig.inputs, xs):
+                for i, e in enumerate(spec.get("sharding") or ()):
+                    if e is not None and a.shape[i] % self.mesh_spec.axis_size(e):
+                        raise InputValueError(f"input {spec['name']!r}: dim {i} is {a.shape[i]}, which does not split "
+                                              f"over mesh axis {e!r} ({self.mesh_spec.axis_size(e)} devices)")
+        return xs
 
     def _placement(self, sharding):
         if self.mesh is None:
