@@ -108,7 +108,7 @@ def cmd_run(a) -> int:
             raise CliError(f"--input takes NAME=file.npy, got {item!r}")
         name, path = item.split("=", 1)
         inputs[name] = np.load(path, allow_pickle=False)
-    model = _load_artifact(a.artifact)
+    model = _load_artifact(a.artifact, use_compiled=a.use_compiled)
     out = model(signature_name=a.signature, **inputs)
     import torch.utils._pytree as pytree
 
@@ -124,14 +124,16 @@ def cmd_run(a) -> int:
     return 0
 
 
-def _load_artifact(path):
+def _load_artifact(path, use_compiled=False):
     if path.endswith(".tflite"):
+        if use_compiled:
+            raise CliError("--use-compiled applies to TPU artifacts (stored TPU executables), not a .tflite")
         import litert_torch
 
         return litert_torch.load(path)
     import tpu_backend
 
-    return tpu_backend.load(path)
+    return tpu_backend.load(path, use_compiled=use_compiled)
 
 
 def cmd_inspect(a) -> int:
@@ -189,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="NAME=file.npy")
     r.add_argument("--signature", default="serving_default")
     r.add_argument("--save-outputs", metavar="FILE.npz")
+    r.add_argument("--use-compiled", action="store_true",
+                   help="run the artifact's stored TPU executable when it matches this TPU and jaxlib/libtpu "
+                        "(machine code: only for artifacts you trust as code); default: compile the StableHLO")
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser("inspect", help="signatures, op histogram, sizes, cost/memory report")

@@ -3,9 +3,10 @@
 Weights go to the device once, at load. Each call converts the inputs (torch tensors or numpy
 arrays, in the dtypes torch uses: int64 ids become the signature's int32) and returns torch
 tensors in the output's pytree. The program runs on jax's default backend (TPU, GPU, else
-CPU). When the artifact holds an executable compiled for exactly this chip, libtpu/jaxlib
-version and input shapes, that executable is loaded and run; otherwise the StableHLO is
-compiled here (logged once per program, with the reason).
+CPU). By default the StableHLO is compiled here. Stored executables are machine code, so
+loading one is opt-in (``load(path, use_compiled=True)``): then an executable compiled for
+platform "tpu", for exactly this chip's device kind, jaxlib/libtpu versions and input shapes
+is loaded and run. Why none was used is logged once per program.
 """
 
 from __future__ import annotations
@@ -28,14 +29,15 @@ __all__ = ["load", "TpuProgram", "current_platform"]
 log = logging.getLogger(__name__)
 
 
-def load(path, *, verify: bool = True, use_compiled: bool = True) -> "TpuProgram":
+def load(path, *, verify: bool = True, use_compiled: bool = False) -> "TpuProgram":
     """Load an artifact (directory or .zip) and put its weights on the device.
 
-    ``use_compiled=False`` never loads stored executables (they are machine code for the
-    TPU; load them only from artifacts you trust as much as code)."""
+    The StableHLO is compiled here. ``use_compiled=True`` lets the runtime load a stored TPU
+    executable made for this chip and these jaxlib/libtpu versions instead: it is machine
+    code, so pass it only for artifacts you trust as much as code you run."""
     from .artifact.load import read_artifact
 
-    art = read_artifact(path, verify=verify)
+    art = read_artifact(path, verify=verify, load_executables=use_compiled)
     return TpuProgram(
         signatures=art.signatures, weights=art.weights, manifest=art.manifest, compiled=art.compiled,
         source=os.fspath(path), use_compiled=use_compiled,
@@ -50,13 +52,18 @@ def current_platform(devices) -> str:
 class TpuProgram:
     """A loaded TPU artifact, called like the edge ``Model``."""
 
-    def __init__(self, *, signatures, weights, manifest, compiled, source, use_compiled=True):
+    def __init__(self, *, signatures, weights, manifest, compiled, source, use_compiled=False,
+                 stored_platforms=("tpu",)):
         import jax
 
         self.source = source
         self.manifest = manifest
         self._sigs = signatures
-        self._compiled = compiled if use_compiled else []
+        self._compiled = compiled
+        self._use_compiled = use_compiled
+        # Platforms whose stored executables may run: "tpu" only for anything read from a file.
+        # None (any) is for an in-memory bundle, whose executables this process compiled itself.
+        self._stored_platforms = stored_platforms
         self._x64 = bool(manifest.get("enable_x64"))
         self.mesh_spec = MeshSpec.from_json(manifest["mesh"]) if manifest.get("mesh") else None
         self.devices = jax.devices()
@@ -87,7 +94,7 @@ class TpuProgram:
         }
         weights = {n: torch_to_numpy_array(t) for n, t in bundle.weights.items()}
         return cls(signatures=bundle.signatures, weights=weights, manifest=manifest, compiled=bundle.compiled,
-                   source="<in-memory bundle>")
+                   source="<in-memory bundle>", use_compiled=True, stored_platforms=None)
 
     # ------------------------------------------------------------------ public
 
@@ -177,7 +184,7 @@ class TpuProgram:
                 r = _JitRunner(sig)
                 if not self._said:
                     self._said = True
-                    level = logging.WARNING if self.platform == "tpu" and self._compiled else logging.INFO
+                    level = logging.WARNING if self.platform == "tpu" and self._use_compiled else logging.INFO
                     log.log(level, "%s: compiling the StableHLO for %s (%s); no stored executable used: %s",
                             self.source, self.platform, self.devices[0].device_kind, reason)
             self._runners[key] = r
@@ -187,20 +194,26 @@ class TpuProgram:
     def _find_stored(self, sig, shapes):
         if not self._compiled:
             return None, "the artifact has no compiled executables"
+        if not self._use_compiled:
+            return None, ("stored executables are machine code and are loaded only on request "
+                          "(tpu_backend.load(path, use_compiled=True), tpu-export run --use-compiled)")
         here = runtime_versions()
         reasons = []
         for c in self._compiled:
             cs = c.signatures.get(sig.name)
             why = None
-            if c.platform != self.platform:
-                why = f"{c.key} is for {c.platform}"
+            keys = ("jaxlib", "libtpu") if c.platform == "tpu" else ("jaxlib",)
+            if self._stored_platforms is not None and c.platform not in self._stored_platforms:
+                why = f"{c.key} is for {c.platform}; only TPU executables are ever loaded from an artifact"
+            elif c.platform != self.platform:
+                why = f"{c.key} is for {c.platform}, this host runs {self.platform}"
             elif c.device_kind != self.devices[0].device_kind:
                 why = f"{c.key} is for {c.device_kind}, this device is {self.devices[0].device_kind}"
-            elif any(c.versions.get(k) != here.get(k) for k in (("jaxlib", "libtpu") if c.platform == "tpu" else ("jaxlib",))):
+            elif any(c.versions.get(k) is None or c.versions.get(k) != here.get(k) for k in keys):
                 why = f"{c.key} was built with {c.versions}, this host has {here}"
             elif c.num_devices > len(self.devices) or (self.mesh_spec and c.num_devices != self.mesh_spec.size):
                 why = f"{c.key} needs {c.num_devices} devices"
-            elif cs is None:
+            elif cs is None or cs.executable is None:
                 why = f"{c.key} has no executable for {sig.name!r}"
             elif cs.input_shapes[len(sig.weight_names):] != shapes:
                 why = f"{c.key} was compiled for input shapes {cs.input_shapes[len(sig.weight_names):]}, got {shapes}"

@@ -257,13 +257,17 @@ def test_not_an_artifact(tmp_path):
 # ---------------------------------------------------------------------------------- golden
 
 class TinyMLP(torch.nn.Module):
+    """The golden model. Since format 3 it has an embedding, so ``ids`` carries an index_bound
+    (goldens of formats 1 and 2 were made before; their io.json files hold their own outputs)."""
+
     def __init__(self):
         super().__init__()
         self.fc1 = torch.nn.Linear(4, 8)
         self.fc2 = torch.nn.Linear(8, 3)
+        self.emb = torch.nn.Embedding(4, 8)
 
     def forward(self, x, ids):
-        h = torch.tanh(self.fc1(x)) * (ids.unsqueeze(-1) + 1)
+        h = torch.tanh(self.fc1(x)) * (ids.unsqueeze(-1) + 1) + self.emb(ids)
         return {"y": self.fc2(h), "top": h.argmax(-1)}
 
 

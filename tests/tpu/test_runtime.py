@@ -80,14 +80,16 @@ def test_zoo_round_trip_dynamic_batch(tmp_path, name):
 
 
 def test_stored_executable_is_used_when_it_matches(tmp_path, caplog):
-    """The stored-executable path (raw PJRT bytes, no pickle) exercised with a CPU compile:
-    used for the shapes it was compiled for; other shapes compile the StableHLO, said once."""
+    """The stored-executable path (raw PJRT bytes, no pickle) exercised with a CPU compile of
+    this process's own in-memory bundle: used for the shapes it was compiled for; other shapes
+    compile the StableHLO, said once. Read back from a file, the same CPU executable is never
+    loaded, even on request: only TPU executables are (see test_artifact_security)."""
     import jax
 
     model, prog = mlp_program()
     bundle = tpu_backend.export_program(prog)
     tpu_backend.compile_on_devices(bundle, jax.devices(), target="cpu", topology="host", dim_values={"batch": 4})
-    loaded = tpu_backend.load(bundle.save(tmp_path / "mlp.tpuexp"))
+    loaded = bundle.to_program()
     args, kwargs = mlp_inputs(4, seed=5)
     with caplog.at_level(logging.INFO, logger="tpu_backend.runtime"):
         assert_close_tree(loaded(*args, **kwargs), model(*args, **kwargs), FP32_TOL)
@@ -98,7 +100,12 @@ def test_stored_executable_is_used_when_it_matches(tmp_path, caplog):
     compiling = [r for r in caplog.records if "compiling the StableHLO" in r.getMessage()]
     assert len(compiling) == 1, [r.getMessage() for r in caplog.records]
     assert "compiled for input shapes [[4, 16], [4]]" in compiling[0].getMessage()
-    assert not tpu_backend.load(tmp_path / "mlp.tpuexp", use_compiled=False)._compiled
+    path = bundle.save(tmp_path / "mlp.tpuexp")
+    for opt_in in (False, True):
+        from_file = tpu_backend.load(path, use_compiled=opt_in)
+        args, kwargs = mlp_inputs(4, seed=5)
+        assert_close_tree(from_file(*args, **kwargs), model(*args, **kwargs), FP32_TOL)
+        assert not from_file.uses_stored_executable()
 
 
 def test_multi_signature_program_shares_weights(tmp_path):

@@ -2,6 +2,16 @@
 
 Both give the reader the same view: a listing, each file's bytes, a streaming sha256, and the
 (path, offset, length) of a file's bytes on disk so weights can be memory-mapped in place.
+
+An artifact may come from anyone, so a container trusts nothing in it:
+
+- only regular files: no symlinks, FIFOs, devices or sockets anywhere inside a directory (the
+  path the user names may itself be a symlink: it is their choice, not the file's);
+- only stored (uncompressed) zip entries, unencrypted, whose central-directory sizes agree, as
+  the writer writes them: a deflated entry is refused before a byte of it is inflated;
+- a read never returns more than the size the caller expects: it reads at most one byte more,
+  to see that the file grew, so memory is bounded by the manifest's sizes.
+
 Zip entries are never extracted to disk, so entry names cannot escape anywhere.
 """
 
@@ -9,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import zipfile
 
@@ -17,97 +28,261 @@ from .errors import ArtifactCorruptError, ArtifactError
 __all__ = ["open_container", "DirContainer", "ZipContainer"]
 
 _CHUNK = 1 << 20
+_MAX_ENTRIES = 10_000  # a real artifact holds a handful of files per signature and target
+_MAX_DEPTH = 8  # directory levels inside an artifact (the writer makes two)
+_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
 def open_container(path):
     path = os.fspath(path)
-    if os.path.isdir(path):
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: no such artifact (expected a directory or a .zip file)") from None
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read it ({e.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
         return DirContainer(path)
-    if not os.path.exists(path):
-        raise ArtifactError(f"{path}: no such artifact (expected a directory or a .zip file)")
-    if not zipfile.is_zipfile(path):
-        raise ArtifactCorruptError(f"{path}: neither an artifact directory nor a readable zip file "
-                                   "(truncated or not an artifact)")
+    if not stat.S_ISREG(st.st_mode):
+        raise ArtifactCorruptError(f"{path}: is {_kind(st.st_mode)}, not an artifact directory or .zip file")
     return ZipContainer(path)
+
+
+def _read_fd(fd: int, size: int, what: str) -> bytes:
+    """Exactly ``size`` bytes from ``fd``; one byte more is read only to see that it grew."""
+    parts, left = [], size + 1
+    while left:
+        b = os.read(fd, min(left, _CHUNK))
+        if not b:
+            break
+        parts.append(b)
+        left -= len(b)
+    data = b"".join(parts)
+    if len(data) != size:
+        raise ArtifactCorruptError(f"{what}: read {len(data)}{'+' if len(data) > size else ''} bytes, the "
+                                   f"manifest records {size}: truncated or changed while being read")
+    return data
 
 
 class DirContainer:
     def __init__(self, root: str):
         self.root = root
+        # Every later open is relative to this descriptor with O_NOFOLLOW at each step, so a
+        # file swapped for a symlink after the listing is still never followed.
+        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+
+    def _bad(self, rel: str, mode: int) -> ArtifactCorruptError:
+        return ArtifactCorruptError(f"{self.root}: {rel} is {_kind(mode)}; an artifact holds only regular "
+                                    "files (copy the real file in its place)")
 
     def listing(self) -> dict[str, int]:
-        out = {}
-        for d, _, files in os.walk(self.root):
-            for f in files:
-                full = os.path.join(d, f)
-                out[os.path.relpath(full, self.root).replace(os.sep, "/")] = os.path.getsize(full)
+        out: dict[str, int] = {}
+        todo = [("", self.fd, 0)]
+        try:
+            while todo:
+                prefix, dfd, depth = todo.pop()
+                try:
+                    with os.scandir(dfd) as it:
+                        entries = [(e.name, e.stat(follow_symlinks=False)) for e in it]
+                finally:
+                    if dfd != self.fd:
+                        os.close(dfd)
+                for name, st in entries:
+                    rel = prefix + name
+                    if len(out) + len(todo) > _MAX_ENTRIES:
+                        raise ArtifactCorruptError(f"{self.root}: more than {_MAX_ENTRIES} files; not an artifact")
+                    if stat.S_ISREG(st.st_mode):
+                        out[rel] = st.st_size
+                    elif stat.S_ISDIR(st.st_mode) and depth < _MAX_DEPTH:
+                        todo.append((rel + "/", self._open_dir(rel), depth + 1))
+                    elif stat.S_ISDIR(st.st_mode):
+                        raise ArtifactCorruptError(f"{self.root}: {rel} is nested more than {_MAX_DEPTH} levels deep")
+                    else:
+                        raise self._bad(rel, st.st_mode)
+        finally:
+            for _, dfd, _ in todo:
+                os.close(dfd)
         return out
 
-    def read(self, rel: str, limit: int | None = None) -> bytes:
-        with open(os.path.join(self.root, rel), "rb") as f:
-            return f.read() if limit is None else f.read(limit)
+    def _open_dir(self, rel: str) -> int:
+        return self._open(rel, os.O_DIRECTORY)
 
-    def sha256(self, rel: str) -> str:
-        h = hashlib.sha256()
-        with open(os.path.join(self.root, rel), "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                h.update(chunk)
+    def _open(self, rel: str, flags: int = 0) -> int:
+        parts = rel.split("/")
+        dfd = self.fd
+        try:
+            for i, part in enumerate(parts):
+                last = i == len(parts) - 1
+                # O_NONBLOCK: opening a FIFO never waits for a writer (it is refused just after)
+                f = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (flags if last else os.O_DIRECTORY)
+                try:
+                    fd = os.open(part, f, dir_fd=dfd)
+                except OSError as e:
+                    raise ArtifactCorruptError(f"{self.root}: {rel}: cannot open it ({e.strerror}); a symlink "
+                                               "or a missing file") from None
+                if dfd != self.fd:
+                    os.close(dfd)
+                dfd = fd
+            return dfd
+        except BaseException:
+            if dfd != self.fd:
+                os.close(dfd)
+            raise
+
+    def _open_file(self, rel: str, size: int) -> int:
+        fd = self._open(rel)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != size:
+            os.close(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._bad(rel, st.st_mode)
+            raise ArtifactCorruptError(f"{self.root}: {rel} is {st.st_size} bytes, the manifest records {size}: "
+                                       "truncated or corrupted")
+        os.set_blocking(fd, True)
+        return fd
+
+    def read(self, rel: str, size: int) -> bytes:
+        fd = self._open_file(rel, size)
+        try:
+            return _read_fd(fd, size, f"{self.root}: {rel}")
+        finally:
+            os.close(fd)
+
+    def sha256(self, rel: str, size: int) -> str:
+        h, got = hashlib.sha256(), 0
+        fd = self._open_file(rel, size)
+        try:
+            while got <= size:
+                b = os.read(fd, min(_CHUNK, size + 1 - got))
+                if not b:
+                    break
+                h.update(b)
+                got += len(b)
+        finally:
+            os.close(fd)
+        if got != size:
+            raise ArtifactCorruptError(f"{self.root}: {rel}: read {got} bytes, the manifest records {size}: "
+                                       "truncated or changed while being read")
         return h.hexdigest()
 
     def span(self, rel: str) -> tuple[str, int, int]:
-        full = os.path.join(self.root, rel)
-        return full, 0, os.path.getsize(full)
+        fd = self._open(rel)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise self._bad(rel, st.st_mode)
+        return os.path.join(self.root, rel), 0, st.st_size
 
     def close(self):
-        pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class ZipContainer:
     def __init__(self, path: str):
         self.path = path
         try:
-            self.zf = zipfile.ZipFile(path)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            raise ArtifactError(f"{path}: cannot read it ({e.strerror})") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped since open_container looked
+            os.close(fd)
+            raise ArtifactCorruptError(f"{path}: is {_kind(st.st_mode)}, not a .zip file")
+        os.set_blocking(fd, True)
+        self.file = os.fdopen(fd, "rb")
+        self.size = st.st_size
+        try:
+            self.zf = zipfile.ZipFile(self.file)
             infos = self.zf.infolist()
-        except (zipfile.BadZipFile, OSError) as e:
-            raise ArtifactCorruptError(f"{path}: unreadable zip ({e}); the file is truncated or corrupted") from None
+        except Exception as e:  # noqa: BLE001 - zipfile raises many types on a malformed archive
+            self.file.close()
+            raise ArtifactCorruptError(f"{path}: neither an artifact directory nor a readable zip file ({e}); "
+                                       "truncated or corrupted") from None
+        try:
+            self.infos = self._check(infos)
+        except BaseException:
+            self.close()
+            raise
+
+    def _check(self, infos) -> dict:
+        if len(infos) > _MAX_ENTRIES:
+            raise ArtifactCorruptError(f"{self.path}: the zip lists {len(infos)} entries; not an artifact")
         names = [i.filename for i in infos if not i.is_dir()]
         if len(names) != len(set(names)):
-            raise ArtifactCorruptError(f"{path}: the zip lists an entry twice; refusing an ambiguous artifact")
-        self.infos = {i.filename: i for i in infos if not i.is_dir()}
+            raise ArtifactCorruptError(f"{self.path}: the zip lists an entry twice; refusing an ambiguous artifact")
+        out = {}
+        for i in infos:
+            if i.is_dir():
+                continue
+            where = f"{self.path}: {i.filename}"
+            if i.compress_type != zipfile.ZIP_STORED:
+                raise ArtifactCorruptError(f"{where} is compressed (zip method {i.compress_type}); artifacts store "
+                                           "every entry uncompressed, as tpu-export writes them. Re-zip with "
+                                           "`zip -0` or save the artifact with tpu-export")
+            if i.flag_bits & 0x1:
+                raise ArtifactCorruptError(f"{where} is encrypted; artifacts are never encrypted")
+            if i.compress_size != i.file_size or not 0 <= i.header_offset <= self.size - 30 - i.file_size:
+                raise ArtifactCorruptError(f"{where}: its recorded sizes ({i.compress_size} stored, {i.file_size} "
+                                           f"bytes) do not fit the {self.size}-byte zip; truncated or corrupted")
+            out[i.filename] = i
+        return out
 
     def listing(self) -> dict[str, int]:
         return {n: i.file_size for n, i in self.infos.items()}
 
-    def read(self, rel: str, limit: int | None = None) -> bytes:
-        try:
-            with self.zf.open(self.infos[rel]) as f:
-                return f.read() if limit is None else f.read(limit)
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
-            raise ArtifactCorruptError(f"{self.path}: {rel}: unreadable ({e}); truncated or corrupted") from None
+    def _check_size(self, rel: str, size: int):
+        info = self.infos[rel]
+        if info.file_size != size:
+            raise ArtifactCorruptError(f"{self.path}: {rel} is {info.file_size} bytes, the manifest records {size}: "
+                                       "truncated or corrupted")
+        return info
 
-    def sha256(self, rel: str) -> str:
+    def read(self, rel: str, size: int) -> bytes:
+        info = self._check_size(rel, size)
+        try:
+            with self.zf.open(info) as f:
+                data = f.read(size + 1)
+        except Exception as e:  # noqa: BLE001 - zipfile's checks (local header, CRC) raise several types
+            raise ArtifactCorruptError(f"{self.path}: {rel}: unreadable ({e}); truncated or corrupted") from None
+        if len(data) != size:
+            raise ArtifactCorruptError(f"{self.path}: {rel}: read {len(data)} bytes, the manifest records {size}: "
+                                       "truncated or corrupted")
+        return data
+
+    def sha256(self, rel: str, size: int) -> str:
+        info = self._check_size(rel, size)
         h = hashlib.sha256()
         try:
-            with self.zf.open(self.infos[rel]) as f:
+            with self.zf.open(info) as f:
                 for chunk in iter(lambda: f.read(_CHUNK), b""):
                     h.update(chunk)
-        except (zipfile.BadZipFile, OSError, EOFError) as e:
-            # zipfile checks each entry's CRC32 as it reads: a flipped byte often surfaces here.
+        except Exception as e:  # noqa: BLE001 - zipfile checks each entry's CRC32 as it reads
             raise ArtifactCorruptError(f"{self.path}: {rel}: unreadable ({e}); truncated or corrupted") from None
         return h.hexdigest()
 
-    def span(self, rel: str) -> tuple[str, int, int] | None:
-        """(path, offset, length) of a stored (uncompressed) entry's bytes; None if compressed."""
+    def span(self, rel: str) -> tuple[str, int, int]:
+        """(path, offset, length) of a stored entry's bytes, checked to lie inside the file."""
         info = self.infos[rel]
-        if info.compress_type != zipfile.ZIP_STORED:
-            return None
-        with open(self.path, "rb") as f:
-            f.seek(info.header_offset)
-            local = f.read(30)
+        self.file.seek(info.header_offset)
+        local = self.file.read(30)
         if len(local) < 30 or local[:4] != b"PK\x03\x04":
             raise ArtifactCorruptError(f"{self.path}: {rel}: bad local header; truncated or corrupted")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
-        return self.path, info.header_offset + 30 + name_len + extra_len, info.file_size
+        start = info.header_offset + 30 + name_len + extra_len
+        if start + info.file_size > self.size:
+            raise ArtifactCorruptError(f"{self.path}: {rel}: its bytes run past the end of the zip; truncated")
+        return self.path, start, info.file_size
 
     def close(self):
-        self.zf.close()
+        if getattr(self, "zf", None) is not None:
+            self.zf.close()
+        self.file.close()

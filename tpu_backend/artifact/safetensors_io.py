@@ -67,7 +67,7 @@ def read_safetensors(path: str, offset: int, length: int, what: str = "weights.s
             raise bad(f"header length {n} does not fit in {length} bytes")
         try:
             header = json.loads(f.read(n))
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: a header nested absurdly deep
             raise bad(f"header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise bad("header is not a JSON object")
@@ -77,7 +77,7 @@ def read_safetensors(path: str, offset: int, length: int, what: str = "weights.s
     for name, e in header.items():
         if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
             raise bad(f"entry {name!r} is malformed")
-        if e["dtype"] not in _NAME:
+        if not isinstance(e["dtype"], str) or e["dtype"] not in _NAME:
             raise bad(f"entry {name!r} has unknown dtype {e['dtype']!r}")
         shape, offs = e["shape"], e["data_offsets"]
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):

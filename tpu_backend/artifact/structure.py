@@ -73,6 +73,11 @@ def validate(node: Any, where: str = "structure") -> None:
         keys = node.get("keys")
         if not isinstance(keys, list) or len(keys) != len(items):
             raise ValueError(f"{where}: {node['kind']} keys do not match items")
+        # flatten/unflatten look keys up in dicts: only str/int keys, as _key records them
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys) or len(set(keys)) != len(keys):
+            raise ValueError(f"{where}: {node['kind']} keys must be distinct strings or ints")
+    if "type" in node and not isinstance(node["type"], str):
+        raise ValueError(f"{where}: type must be a string")
     for i, c in enumerate(items):
         validate(c, f"{where}[{i}]")
 
