@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from . import format as fmt
 from .compiled import CompiledSignature, CompiledTarget
@@ -145,12 +146,14 @@ def _read_export(box, path, rel, size):
 
     try:
         exp = export.deserialize(bytearray(box.read(rel, size)))
-        exp.mlir_module()  # deserializes the StableHLO bytecode: ~5 ms for a ViT-sized module
+        text = exp.mlir_module()  # deserializes the StableHLO bytecode: ~10 ms for a ViT-sized module
     except ArtifactCorruptError:
         raise
     except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
         msg = " ".join(str(e).split())[:300]
         raise ArtifactCorruptError(f"{path}: {rel}: not a readable jax export ({type(e).__name__}: {msg})") from None
+    if not re.search(r"func\.func public @main\(", text):  # empty bytes parse as an empty module
+        raise ArtifactCorruptError(f"{path}: {rel}: its StableHLO module has no public main function; corrupted")
     return exp
 
 
