@@ -176,8 +176,8 @@ def test_static_batch_and_channel_last_layout_on_edge():
 
 
 def test_foreign_tflite_without_metadata_is_checked_by_its_own_signature():
-    from ai_edge_litert import schema_py_generated as s
     import flatbuffers
+    from ai_edge_litert import schema_py_generated as s
 
     torch.manual_seed(0)
     m = SmallConv().eval()
