@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError", "QuantConfig",
-           "QuantizationError"]
+           "QuantizationError", "TfliteFormatError"]
 
 _WHERE = {
     "convert": "_convert",
@@ -21,13 +21,13 @@ _WHERE = {
     "ModelExportError": "_model",
     "to_channel_last_io": "_channel_last",
 }
-# quantization lives in the edge backend (edge/quantize.py); re-exported here
-_EDGE = {"QuantConfig", "QuantizationError"}
+# quantization and the .tflite check live in the edge backend; re-exported here
+_EDGE = {"QuantConfig": "edge.quantize", "QuantizationError": "edge.quantize", "TfliteFormatError": "edge.tflite_check"}
 
 
 def __getattr__(name):
     if name in _WHERE:
         return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
     if name in _EDGE:
-        return getattr(importlib.import_module("edge.quantize"), name)
+        return getattr(importlib.import_module(_EDGE[name]), name)
     raise AttributeError(f"module 'litert_torch' has no attribute {name!r}")

@@ -25,14 +25,23 @@ class Model:
     """``model(*args, signature_name=..., **kwargs)`` runs a signature on the LiteRT interpreter
     (XNNPACK) and returns torch tensors in the structure the PyTorch module returned."""
 
-    def __init__(self, tflite_model: bytes):
+    def __init__(self, tflite_model: bytes, *, _source: str = "the .tflite bytes given to Model"):
+        from edge.tflite_check import TfliteFormatError, check_tflite
+
         self._data = bytes(tflite_model)
+        # the interpreter trusts the flatbuffer (a corrupt one can crash the process): refuse it first
+        check_tflite(self._data, _source)
         self._interpreter = None
         self._runners: dict = {}
         # One interpreter, one call at a time: set inputs, invoke and read (copied) outputs under
         # the lock, so threads sharing a Model never see each other's tensors.
         self._lock = threading.Lock()
-        self._signatures = read_signatures(self._data)
+        try:
+            self._signatures = read_signatures(self._data)
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # its metadata is corrupt
+            raise TfliteFormatError(f"{_source}: not a valid .tflite: its signature metadata is unreadable "
+                                    f"({type(e).__name__}: {' '.join(str(e).split())[:160]}). Fix: convert the model "
+                                    "again; this file is corrupt") from e
 
     # ------------------------------------------------------------------ API
     def tflite_model(self) -> bytes:
@@ -94,6 +103,9 @@ class Model:
 
 
 def load(path) -> Model:
-    """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed)."""
-    with open(os.fspath(path), "rb") as f:
-        return Model(f.read())
+    """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed).
+
+    A truncated or corrupt file raises TfliteFormatError (a ValueError) naming it."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        return Model(f.read(), _source=path)
