@@ -60,7 +60,7 @@ def leaf_names(node: dict) -> list[str]:
 
 def validate(node: Any, where: str = "structure") -> None:
     """Raise ValueError unless ``node`` is a well-formed structure."""
-    if not isinstance(node, dict) or node.get("kind") not in _KINDS:
+    if not isinstance(node, dict) or not isinstance(node.get("kind"), str) or node["kind"] not in _KINDS:
         raise ValueError(f"{where}: expected a node with kind in {sorted(_KINDS)}, got {node!r:.80}")
     if node["kind"] == "leaf":
         if not isinstance(node.get("name"), str):
