@@ -30,7 +30,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261130
@@ -316,6 +315,13 @@ def _child(cases_file: str) -> None:
         print(json.dumps(res), flush=True)
 
 
+def _pump(stream, lines: queue.Queue) -> None:
+    """Lines of a child's stdout into a queue (then None), so the parent can wait with a timeout."""
+    for ln in stream:
+        lines.put(ln)
+    lines.put(None)
+
+
 def _run_children(cases: list, ref: dict, work: Path) -> dict:
     """Every case through children; a hang or a crash is charged to the case that was running."""
     results, todo = {}, list(range(len(cases)))
@@ -324,11 +330,11 @@ def _run_children(cases: list, ref: dict, work: Path) -> dict:
         batch, todo = todo[:PER_CHILD], todo[PER_CHILD:]
         spec = work / f"batch{batch[0]}.json"
         spec.write_text(json.dumps({"ref": ref, "cases": [(i, cases[i]["path"]) for i in batch]}))
-        proc = subprocess.Popen([sys.executable, "-c", f"from tests.tpu.test_artifact_fuzz import _child; "
-                                 f"_child({str(spec)!r})"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        code = f"from tests.tpu.test_artifact_fuzz import _child; _child({str(spec)!r})"
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.DEVNULL, text=True)
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout] + [lines.put(None)], daemon=True).start()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
         current, timeout = None, START_TIMEOUT
         while True:
             try:

@@ -9,7 +9,8 @@ __all__ = ["CompiledSignature", "CompiledTarget"]
 
 @dataclasses.dataclass
 class CompiledSignature:
-    executable: bytes  # raw PJRT executable bytes (Executable.serialize(); no pickle)
+    executable: bytes | None  # raw PJRT executable bytes (Executable.serialize(); no pickle); None when
+    # read from an artifact without load_executables (executables are code: read only on request)
     input_shapes: list[list[list[int]]]  # concrete shapes it was compiled for: [weights, inputs]
     compile_seconds: float
 

@@ -17,6 +17,7 @@ Zip entries are never extracted to disk, so entry names cannot escape anywhere.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import stat
@@ -74,7 +75,10 @@ class DirContainer:
         self.root = root
         # Every later open is relative to this descriptor with O_NOFOLLOW at each step, so a
         # file swapped for a symlink after the listing is still never followed.
-        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as e:
+            raise ArtifactError(f"{root}: cannot read it ({e.strerror})") from None
 
     def _bad(self, rel: str, mode: int) -> ArtifactCorruptError:
         return ArtifactCorruptError(f"{self.root}: {rel} is {_kind(mode)}; an artifact holds only regular "
@@ -89,6 +93,8 @@ class DirContainer:
                 try:
                     with os.scandir(dfd) as it:
                         entries = [(e.name, e.stat(follow_symlinks=False)) for e in it]
+                except OSError as e:
+                    raise ArtifactError(f"{self.root}: {prefix or '.'}: cannot list it ({e.strerror})") from None
                 finally:
                     if dfd != self.fd:
                         os.close(dfd)
@@ -123,8 +129,9 @@ class DirContainer:
                 try:
                     fd = os.open(part, f, dir_fd=dfd)
                 except OSError as e:
-                    raise ArtifactCorruptError(f"{self.root}: {rel}: cannot open it ({e.strerror}); a symlink "
-                                               "or a missing file") from None
+                    why = "it is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+                    raise ArtifactCorruptError(f"{self.root}: {rel}: cannot open it ({why}); an artifact holds "
+                                               "only regular files") from None
                 if dfd != self.fd:
                     os.close(dfd)
                 dfd = fd
@@ -150,6 +157,8 @@ class DirContainer:
         fd = self._open_file(rel, size)
         try:
             return _read_fd(fd, size, f"{self.root}: {rel}")
+        except OSError as e:
+            raise ArtifactError(f"{self.root}: {rel}: cannot read it ({e.strerror})") from None
         finally:
             os.close(fd)
 
@@ -163,6 +172,8 @@ class DirContainer:
                     break
                 h.update(b)
                 got += len(b)
+        except OSError as e:
+            raise ArtifactError(f"{self.root}: {rel}: cannot read it ({e.strerror})") from None
         finally:
             os.close(fd)
         if got != size:
