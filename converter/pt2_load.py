@@ -92,6 +92,10 @@ def _index(path: str, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     infos = zf.infolist()
     if not infos:
         raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (empty zip). {_FIX}")
+    first = min(i.header_offset for i in infos)
+    if first:  # the directory found is an inner archive's (the sample inputs): the file lost its end
+        raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (truncated or corrupt: the only zip directory "
+                                f"left describes an archive starting at byte {first}). {_FIX}")
     for info in infos:
         if info.filename.endswith(".pkl"):
             raise _refuse(path, f"it holds a pickle ({info.filename}), as torch.save writes, and unpickling runs code "

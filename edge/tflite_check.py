@@ -225,8 +225,6 @@ class _Checker:
             raise _Bad(f"schema version {version}, not {_SCHEMA_VERSION}")
         if self._field(m, 8, 4) or self._field(m, 9, 4):
             raise _Bad("it references external buffer files, which this loader does not open")
-        from ai_edge_litert import schema_py_generated as s
-
         self.schema = _schema_tables()
         optional = self.schema["optional"]
         opcodes = self.tables(m, 1, "operator code")
@@ -263,7 +261,7 @@ class _Checker:
             raise _Bad(f"{what} points at buffer {b}, but the model has {len(self.buffer_sizes)} buffers")
 
     def buffer(self, t) -> int:
-        start, count = self.vector(t, 0, 1)
+        count = self.vector(t, 0, 1)[1]
         offset, size = self.scalar(t, 1, "<Q"), self.scalar(t, 2, "<Q")
         if offset > 1:  # the large-model form: data after the flatbuffer (offset 1 is the converter's placeholder)
             if count or offset + size > self.n:
