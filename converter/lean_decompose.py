@@ -22,6 +22,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from .decompositions import decomposition_of, splice_subgraph, trace_decomposition
+from .registry import LoweringError, arguments
 
 __all__ = ["NeedsFullRetrace", "decompose_in_place"]
 
@@ -145,18 +146,11 @@ _DIRECT = {aten.batch_norm.default: _batch_norm, aten.conv1d.default: _conv, ate
 
 
 def _bound(node) -> dict:
-    """The op's arguments by schema name, defaults filled in."""
-    out = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args):
-            out[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            out[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-        else:
-            raise NeedsFullRetrace(f"{node.target}: argument {arg.name} missing")
-    return out
+    """The op's arguments by schema name, defaults filled in (the lowering contract's binder)."""
+    try:
+        return arguments(node)
+    except LoweringError as e:
+        raise NeedsFullRetrace(str(e)) from e
 
 
 def _insert(graph, node, target, args, val, kwargs=None):

@@ -1,19 +1,52 @@
-"""A lowering registry keyed by the ATen overload, shared in form by every backend.
+"""The lowering contract, one for every backend (edge/LiteRT, tpu/JAX) and public for users' ops.
 
-Each backend owns one ``LoweringRegistry``; a lowering is a small function registered with
-``@registry.lowering(aten.add.Tensor)``. Registering an overload twice is an error: silent
-overwrites (as in some peers) make the op table depend on import order.
+A backend owns one ``LoweringRegistry``; a lowering is one small function registered for an
+op (an ATen ``OpOverload``, a ``torch.library`` custom op's overload, or a Python operator on
+SymInts), with the op's schema in a comment above it::
+
+    # mylib::scale_tanh(Tensor x, float scale=1.0) -> Tensor
+    @table.lowering(torch.ops.mylib.scale_tanh.default)
+    def scale_tanh(ctx, x, scale=1.0): ...
+
+- **Arguments** are the op's schema arguments in schema order, defaults filled, keyword-only
+  ones included (``bind_args``), with tensors as the backend's values. Every backend's driver
+  binds through the one binder here, as does the converter's decomposition pass.
+- **The context** (first argument) has, on every backend, the same names and forms
+  (``LoweringContextBase``): ``ctx.node`` (the fx node), ``ctx.out_dtype`` / ``ctx.out_shape``
+  (the first output's) and ``ctx.out_dtypes`` / ``ctx.out_shapes`` (one per output), in the
+  backend's own dtype and dim types; the rest is the backend's (emitting LiteRT builtins, jax
+  options).
+- **Registration** of an op twice is an error naming both sites: silent overwrites (as in some
+  peers) make the op table depend on import order. ``override=True`` replaces a lowering on
+  purpose (a user's lowering of an ATen op).
+- **Support**: ``@supported_if(pred)`` limits a lowering to the nodes for which ``pred(node)``
+  is true; the support check asks it before anything is written, so such nodes are reported
+  with every other unsupported op and the user's source line. A predicate that raises is a
+  bug, not a "no": the error names the op, the predicate and the user's line. ``arguments(node)``
+  gives a predicate the node's arguments by schema name, defaults filled.
+- **Errors** a lowering raises are wrapped once, by ``LoweringRegistry.call``, in a
+  ``LoweringError`` (a ConversionError) naming the backend, the op, the node and the user's
+  source line.
 """
 
 from __future__ import annotations
 
 from typing import Callable, Iterable
 
-__all__ = ["LoweringRegistry", "DuplicateLoweringError", "op_name"]
+import torch
+
+from .errors import ConversionError, source_line
+
+__all__ = ["LoweringRegistry", "DuplicateLoweringError", "LoweringError", "LoweringContextBase", "supported_if",
+           "bind_args", "arguments", "unbind_args", "op_name"]
 
 
 class DuplicateLoweringError(RuntimeError):
-    pass
+    """An op was registered twice in one table without ``override=True``."""
+
+
+class LoweringError(ConversionError):
+    """A lowering failed on a node it claimed to support (a bug, or an argument it cannot take)."""
 
 
 def op_name(target) -> str:
@@ -24,27 +57,156 @@ def op_name(target) -> str:
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
+def _site(fn) -> str:
+    code = getattr(fn, "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{where}"
+
+
+# ---------------------------------------------------------------------------- the one argument binder
+
+# target -> ((name, kwarg_only, has_default, default, optional), ...); the schema is read once per
+# op (torch builds its Argument objects anew on every access, and this runs for every node).
+_SPECS: dict = {}
+
+
+def _spec(target):
+    spec = _SPECS.get(target)
+    if spec is None:
+        schema = getattr(target, "_schema", None)
+        if schema is None:  # a Python operator on SymInts (operator.mul, torch.sym_max, getitem)
+            spec = ()
+        else:
+            spec = tuple((a.name, a.kwarg_only, a.has_default_value(),
+                          a.default_value if a.has_default_value() else None,
+                          isinstance(a.type, torch.OptionalType)) for a in schema.arguments)
+        _SPECS[target] = spec
+    return spec
+
+
+def bind_args(node: torch.fx.Node) -> list:
+    """``node``'s arguments in schema order, defaults filled, keyword-only ones after the
+    positional ones (fx Nodes stay Nodes). A Python operator's are its positional arguments."""
+    spec = _spec(node.target)
+    args, kwargs = node.args, node.kwargs
+    if not spec:
+        if kwargs:
+            raise LoweringError(f"{op_name(node.target)}: unexpected keyword arguments {sorted(kwargs)} "
+                                f"at {source_line(node)}")
+        return list(args)
+    out = []
+    for i, (name, kwarg_only, has_default, default, optional) in enumerate(spec):
+        if i < len(args) and not kwarg_only:
+            out.append(args[i])
+        elif name in kwargs:
+            out.append(kwargs[name])
+        elif has_default:
+            out.append(list(default) if isinstance(default, list) else default)  # a fresh list per node
+        elif optional:
+            out.append(None)
+        else:
+            raise LoweringError(f"{op_name(node.target)}: argument {name!r} missing at {source_line(node)}")
+    return out
+
+
+def arguments(node: torch.fx.Node) -> dict:
+    """``node``'s arguments by schema name, defaults filled (for support predicates and graph passes)."""
+    return dict(zip((s[0] for s in _spec(node.target)), bind_args(node)))
+
+
+def unbind_args(target, values: list) -> tuple[list, dict]:
+    """Schema-ordered ``values`` back to the (args, kwargs) the op is called with (keyword-only ones
+    by name), to evaluate it in torch."""
+    spec = _spec(target)
+    args = [v for v, s in zip(values, spec) if not s[1]] if spec else list(values)
+    return args, {s[0]: v for v, s in zip(values, spec) if s[1]}
+
+
+# ---------------------------------------------------------------------------- the context shape
+
+
+class LoweringContextBase:
+    """The part of a lowering's context that is the same on every backend.
+
+    A backend's context sets ``node`` and says how a torch dtype and a fake tensor's shape read
+    in its terms (``_dtype``, ``_shape``: numpy dtypes and None for dynamic dims on the edge; jnp
+    dtypes and jax.export symbolic dims on the TPU)."""
+
+    node: torch.fx.Node
+
+    def _dtype(self, torch_dtype):
+        raise NotImplementedError
+
+    def _shape(self, val) -> tuple:
+        raise NotImplementedError
+
+    def _outs(self) -> tuple:
+        val = self.node.meta["val"]
+        return tuple(val) if isinstance(val, (tuple, list)) else (val,)
+
+    @property
+    def out_dtype(self):
+        """The first output's dtype."""
+        return self._dtype(self._outs()[0].dtype)
+
+    @property
+    def out_shape(self) -> tuple:
+        """The first output's shape."""
+        return self._shape(self._outs()[0])
+
+    @property
+    def out_dtypes(self) -> tuple:
+        """Each output's dtype (None for an output that is not a tensor)."""
+        return tuple(self._dtype(v.dtype) if isinstance(v, torch.Tensor) else None for v in self._outs())
+
+    @property
+    def out_shapes(self) -> tuple:
+        """Each output's shape (None for an output that is not a tensor)."""
+        return tuple(self._shape(v) if isinstance(v, torch.Tensor) else None for v in self._outs())
+
+
+# ---------------------------------------------------------------------------- support and the table
+
+
+def supported_if(pred: Callable) -> Callable:
+    """Decorator: the lowering handles only nodes for which ``pred(node)`` is true (see the module
+    doc: the support check asks it before anything is written; a predicate that raises is a bug)."""
+
+    def attach(fn):
+        fn.supported_if = pred
+        return fn
+
+    return attach
+
+
 class LoweringRegistry:
+    """One backend's lowering table: op -> ``fn(ctx, *schema_bound_args)``."""
+
     def __init__(self, backend: str):
         self.backend = backend
         self._table: dict[object, Callable] = {}
 
-    def lowering(self, *targets) -> Callable[[Callable], Callable]:
-        """Decorator: register fn as the lowering of each given ATen overload (or Python op)."""
+    def lowering(self, *targets, override: bool = False) -> Callable[[Callable], Callable]:
+        """Decorator: register fn as the lowering of each given op. ``override=True`` replaces the
+        lowering an op has (or registers it when it has none); without it a second registration
+        raises ``DuplicateLoweringError`` naming both sites."""
 
         def register(fn: Callable) -> Callable:
             for t in targets:
-                if t in self._table:
-                    prev = self._table[t]
-                    raise DuplicateLoweringError(
-                        f"{self.backend}: {op_name(t)} is already lowered by "
-                        f"{prev.__module__}.{prev.__qualname__}; refusing to overwrite it with "
-                        f"{fn.__module__}.{fn.__qualname__}"
-                    )
-                self._table[t] = fn
+                self.register(t, fn, override=override)
             return fn
 
         return register
+
+    def register(self, target, fn: Callable, *, override: bool = False) -> None:
+        if not callable(fn):
+            raise TypeError(f"{self.backend}: the lowering of {op_name(target)} must be callable, got {fn!r}")
+        prev = self._table.get(target)
+        if prev is not None and not override:
+            raise DuplicateLoweringError(
+                f"{self.backend}: {op_name(target)} is already lowered by {_site(prev)}; refusing to "
+                f"overwrite it with {_site(fn)} (pass override=True to replace it on purpose)")
+        self._table[target] = fn
 
     def get(self, target) -> Callable | None:
         return self._table.get(target)
@@ -57,3 +219,35 @@ class LoweringRegistry:
 
     def targets(self) -> Iterable:
         return self._table.keys()
+
+    def items(self) -> Iterable:
+        return self._table.items()
+
+    def is_supported(self, node: torch.fx.Node) -> bool:
+        """The table lowers ``node``: it has a lowering and that lowering's predicate accepts it."""
+        fn = self._table.get(node.target)
+        if fn is None:
+            return False
+        pred = getattr(fn, "supported_if", None)
+        if pred is None:
+            return True
+        try:
+            return bool(pred(node))
+        except Exception as e:  # noqa: BLE001 - re-raised with the op, the predicate and the user's line
+            raise LoweringError(
+                f"{self.backend}: the support predicate of {op_name(node.target)} ({_site(pred)}) raised "
+                f"{type(e).__name__}: {e} on node {node.name} at {source_line(node)}; a predicate must "
+                "return False for what its lowering cannot take") from e
+
+    def call(self, fn: Callable, ctx, args):
+        """``fn(ctx, *args)`` for ``ctx.node``; an error it raises comes back as one LoweringError
+        naming the backend, the op, the node and the user's source line."""
+        try:
+            return fn(ctx, *args)
+        except LoweringError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the op and the user's line
+            node = ctx.node
+            raise LoweringError(
+                f"{self.backend}: lowering {op_name(node.target)} (node {node.name}) failed at "
+                f"{source_line(node)}: {type(e).__name__}: {e}") from e

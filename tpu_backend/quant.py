@@ -169,7 +169,9 @@ _REWRITTEN = {aten.linear.default: _linear, aten.mm.default: _mm, aten.matmul.de
 
 def int8_rewrite(prog, signature_name, plan: Int8Plan):
     """The GraphRewrite of one signature for ``plan``: packed weights and rewritten users."""
-    from .lowering.interpreter import GraphRewrite, PackedWeight, _normalize_args
+    from converter.registry import bind_args
+
+    from .lowering.interpreter import GraphRewrite, PackedWeight
 
     rewrite = GraphRewrite()
     sig = prog.signature(signature_name)
@@ -183,6 +185,6 @@ def int8_rewrite(prog, signature_name, plan: Int8Plan):
             raise ValueError(f"cannot quantize {wname!r}: the program already has a weight named {qname!r}")
         rewrite.packed_weights[wname] = PackedWeight([(qname, q), (sname, s)], QInt8)
         for _, node in _uses(w):
-            args = _normalize_args(node)
+            args = bind_args(node)
             rewrite.lowerings[node] = (_REWRITTEN[node.target], args)  # _uses admits only these ops
     return rewrite

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from converter.registry import LoweringContextBase
+
 from .symbolic_dims import resolve_dim
 
 __all__ = ["LoweringOptions", "LoweringContext", "jnp_dtype", "Aval"]
@@ -92,17 +94,25 @@ class Aval:
 
 
 @dataclasses.dataclass
-class LoweringContext:
+class LoweringContext(LoweringContextBase):
+    """The contract's context (``node``, ``out_dtype(s)``, ``out_shape(s)``: jnp dtypes, jax.export
+    dims) plus the TPU's: the argument avals, the lowering options, symbolic dims."""
+
     node: torch.fx.Node
     in_avals: list  # Aval of each jax-array argument, in argument order
     options: LoweringOptions
     sym_env: dict = dataclasses.field(default_factory=dict, repr=False)  # torch symbol -> jax dim
 
+    def _dtype(self, torch_dtype):
+        return jnp_dtype(torch_dtype, self.options)
+
+    def _shape(self, val) -> tuple:
+        return tuple(resolve_dim(d, self.sym_env) for d in val.shape)
+
     def _aval(self, val) -> Aval | None:
         if not isinstance(val, torch.Tensor):
             return None
-        shape = tuple(resolve_dim(d, self.sym_env) for d in val.shape)
-        return Aval(shape, jnp_dtype(val.dtype, self.options))
+        return Aval(self._shape(val), self._dtype(val.dtype))
 
     @functools.cached_property
     def out_aval(self) -> Aval:
@@ -120,7 +130,7 @@ class LoweringContext:
 
     @property
     def out_dtype(self):
-        return self.out_aval.dtype
+        return self.out_aval.dtype  # the cached aval: lowerings read it several times
 
     @property
     def out_shape(self) -> tuple:

@@ -9,9 +9,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from converter.errors import ConversionError, source_line
 from converter.program import Program, Signature
-from converter.registry import op_name
+from converter.registry import LoweringError, bind_args
 from converter.support import check_support, unsupported_ops
 
 from . import all_ops  # noqa: F401  (fills JAX_LOWERINGS)
@@ -24,18 +23,8 @@ __all__ = ["LoweredSignature", "LoweringError", "lower_signature", "is_supported
            "PackedWeight"]
 
 
-class LoweringError(ConversionError):
-    """A lowering failed on a node it claimed to support (a bug or an argument it cannot take)."""
-
-
 def is_supported(node: torch.fx.Node) -> bool:
-    if node.op != "call_function":
-        return True
-    fn = JAX_LOWERINGS.get(node.target)
-    if fn is None:
-        return False
-    pred = getattr(fn, "supports", None)
-    return bool(pred(node)) if pred is not None else True
+    return node.op != "call_function" or JAX_LOWERINGS.is_supported(node)
 
 
 def unsupported(prog: Program) -> dict[str, list[str]]:
@@ -94,29 +83,6 @@ def _lowering_of(node, options):
     return _with_hook(hook, fn) if hook is not None else fn
 
 
-def _normalize_args(node: torch.fx.Node) -> list:
-    """Schema-ordered arguments with defaults filled (kwarg-only ones after the positional)."""
-    target = node.target
-    schema = getattr(target, "_schema", None)
-    if schema is None:  # python operator on SymInts / getitem
-        if node.kwargs:
-            raise LoweringError(f"{op_name(target)}: unexpected keyword arguments {dict(node.kwargs)}")
-        return list(node.args)
-    out = []
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            out.append(node.args[i])
-        elif arg.name in node.kwargs:
-            out.append(node.kwargs[arg.name])
-        elif arg.has_default_value():
-            out.append(arg.default_value)
-        elif isinstance(arg.type, torch.OptionalType):
-            out.append(None)
-        else:
-            raise LoweringError(f"{op_name(target)}: argument {arg.name!r} missing at {source_line(node)}")
-    return out
-
-
 _BF16_MAX = 3.3895313892515355e38
 
 
@@ -154,10 +120,15 @@ def _avals(args) -> list:
     return found
 
 
+def _lower_and_cast(ctx, fn, *args):
+    # one call through the table's error wrapper: a failing cast is reported like a failing lowering
+    return _cast_result(fn(ctx, *args), ctx.node.meta.get("val"), ctx.options)
+
+
 def _cast_result(out, val, options):
     if isinstance(val, torch.Tensor):
         if out is None:
-            raise LoweringError("lowering returned None for a tensor output")
+            raise TypeError("the lowering returned None for a tensor output")
         return cast(out, jnp_dtype(val.dtype, options))
     if isinstance(val, (tuple, list)):
         return tuple(_cast_result(o, v, options) if o is not None else None for o, v in zip(out, val))
@@ -262,7 +233,7 @@ def lower_signature(
         rewrite.update(norm_pattern_rewrite(sig, options))
     steps = [
         _Step(n, *rewrite.lowerings[n]) if n in rewrite.lowerings
-        else _Step(n, _lowering_of(n, options), _normalize_args(n))
+        else _Step(n, _lowering_of(n, options), bind_args(n))
         for n in sig.graph.nodes
         if n.op == "call_function" and n not in rewrite.skip
     ]
@@ -301,16 +272,7 @@ def lower_signature(
         for step in steps:
             args = _substitute(step.args, env)
             ctx = LoweringContext(step.node, _avals(args), options, sym_env)
-            try:
-                out = step.fn(ctx, *args)
-                env[step.node] = _cast_result(out, step.node.meta.get("val"), options)
-            except LoweringError:
-                raise
-            except Exception as e:  # noqa: BLE001 - re-raised with the op and the user's line
-                raise LoweringError(
-                    f"lowering {op_name(step.node.target)} (node {step.node.name}) failed: "
-                    f"{type(e).__name__}: {e}\n    at {source_line(step.node)}"
-                ) from e
+            env[step.node] = JAX_LOWERINGS.call(_lower_and_cast, ctx, (step.fn, *args))
         return [env[n] for n in out_nodes]
 
     def fn(weights, *inputs):

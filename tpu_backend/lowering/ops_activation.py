@@ -8,8 +8,10 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from converter.registry import arguments
+
 from .helpers import cast
-from .registry import lowering, supports
+from .registry import lowering, supported_if
 
 aten = torch.ops.aten
 
@@ -106,6 +108,6 @@ def prelu(ctx, x, weight):
 # aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 # Inference graphs only: with train off dropout is the identity and the mask all ones.
 @lowering(aten.native_dropout.default)
-@supports(lambda n: (n.args[2] if len(n.args) > 2 else n.kwargs.get("train")) is False or n.args[1] == 0)
+@supported_if(lambda n: arguments(n)["train"] is False or arguments(n)["p"] == 0)
 def native_dropout(ctx, x, p, train):
     return x, jnp.ones(x.shape, jnp.bool_)

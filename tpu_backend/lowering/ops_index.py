@@ -12,7 +12,7 @@ import torch
 
 from .helpers import cast, norm_dim
 from .ops_slice import slice_bounds
-from .registry import lowering, supports
+from .registry import lowering, supported_if
 
 aten = torch.ops.aten
 
@@ -32,14 +32,14 @@ def _index_tuple(indices):
 
 # aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor   (numpy advanced-indexing rules)
 @lowering(aten.index.Tensor)
-@supports(_no_bool_index)
+@supported_if(_no_bool_index)
 def index(ctx, x, indices):
     return x[_index_tuple(indices)]
 
 
 # aten::index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
 @lowering(aten.index_put.default)
-@supports(_no_bool_index)
+@supported_if(_no_bool_index)
 def index_put(ctx, x, indices, values, accumulate=False):
     ref = x.at[_index_tuple(indices)]
     values = cast(values, x.dtype)

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import torch
 
 from .helpers import acc_dtype, cast
-from .registry import lowering, supports
+from .registry import lowering, supported_if
 
 aten = torch.ops.aten
 _BILINEAR, _NEAREST = 0, 1
@@ -51,7 +51,7 @@ def _gather(x_flat, iy, ix, h, w):
 # aten::grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode,
 #     bool align_corners) -> Tensor
 @lowering(aten.grid_sampler_2d.default)
-@supports(lambda n: n.args[2] in (_BILINEAR, _NEAREST))
+@supported_if(lambda n: n.args[2] in (_BILINEAR, _NEAREST))
 def grid_sampler_2d(ctx, x, grid, interpolation_mode, padding_mode, align_corners):
     acc = acc_dtype(ctx.out_dtype)
     x, grid = cast(x, acc), cast(grid, acc)

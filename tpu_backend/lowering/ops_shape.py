@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .helpers import cast, norm_dim, norm_dims, static_int
-from .registry import lowering, supports
+from .registry import lowering, supported_if
 
 aten = torch.ops.aten
 
@@ -199,7 +199,7 @@ def _as_strided_static(node) -> bool:
 
 # aten::as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)
 @lowering(aten.as_strided.default, aten.as_strided_copy.default)
-@supports(lambda n: _as_strided_is_restride(n) or _as_strided_static(n))
+@supported_if(lambda n: _as_strided_is_restride(n) or _as_strided_static(n))
 def as_strided(ctx, x, size, stride, storage_offset=None):
     if _as_strided_is_restride(ctx.node):
         return x

@@ -1,14 +1,15 @@
-"""The TPU backend's op table: ATen overload (or Python operator on SymInts) -> JAX lowering.
+"""The TPU backend's op table: op (ATen overload, custom op, or Python operator on SymInts) -> JAX lowering.
 
-Every lowering is ``fn(ctx, *args)`` where ``args`` are the op's schema arguments in schema
-order (defaults filled, tensors as jax arrays) and ``ctx`` is a ``LoweringContext``.
+The contract is converter.registry's, the same as the edge backend's: ``fn(ctx, *args)`` with
+the op's schema arguments in schema order (defaults filled, tensors as jax arrays), ``ctx`` a
+``LoweringContext``; ``@supported_if(pred)`` for nodes a lowering takes only in some forms.
 """
 
 from __future__ import annotations
 
-from converter.registry import LoweringRegistry
+from converter.registry import LoweringRegistry, supported_if
 
-__all__ = ["JAX_LOWERINGS", "lowering", "supports", "KERNEL_HOOKS", "kernel_hook"]
+__all__ = ["JAX_LOWERINGS", "lowering", "supported_if", "KERNEL_HOOKS", "kernel_hook"]
 
 JAX_LOWERINGS = LoweringRegistry("tpu")
 lowering = JAX_LOWERINGS.lowering
@@ -19,15 +20,3 @@ lowering = JAX_LOWERINGS.lowering
 # Hooks register on import of the module that defines them (before lower_signature is called).
 KERNEL_HOOKS = LoweringRegistry("tpu-kernels")
 kernel_hook = KERNEL_HOOKS.lowering
-
-
-def supports(predicate):
-    """Decorator: attach ``predicate(node) -> bool`` to a lowering, for arguments it cannot handle
-    (a boolean mask index, a data-dependent shape). The support check consults it before
-    anything is written, so such nodes are reported with the others."""
-
-    def attach(fn):
-        fn.supports = predicate
-        return fn
-
-    return attach
