@@ -14,7 +14,7 @@ from . import layout
 from . import ops  # noqa: F401 - fills the EDGE table
 from .builder import ModelBuilder
 from .lower import SYM_OPS, lower_signature
-from .registry import EDGE, node_supported
+from .registry import EDGE
 
 __all__ = ["convert_program", "is_supported", "STRUCTURE_METADATA"]
 
@@ -25,7 +25,7 @@ STRUCTURE_METADATA = "tpu_export.structure"
 def is_supported(node) -> bool:
     if node.target is operator.getitem or node.target in SYM_OPS:
         return True
-    return node_supported(node)
+    return EDGE.is_supported(node)
 
 
 def _decompose_unlowered(prog) -> None:

@@ -1,8 +1,9 @@
 """The driver: walk a Signature's graph and emit one LiteRT subgraph.
 
-``Lowerer`` is the context every lowering receives: it knows the current node's output
-avals, materializes values in the layout an op asks for (constants permuted at conversion
-time, TRANSPOSE/RESHAPE inserted lazily and cached per value), and emits operators.
+``Lowerer`` is the context every lowering receives (converter.registry's contract: ``node``,
+``out_dtype(s)`` as numpy dtypes, ``out_shape(s)`` with None for dynamic dims): it
+materializes values in the layout an op asks for (constants permuted at conversion time,
+TRANSPOSE/RESHAPE inserted lazily and cached per value), and emits operators.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import operator
 
 import numpy as np
 import torch
+
+from converter.registry import LoweringContextBase, bind_args, unbind_args
 
 from . import layout as L
 from .builder import ModelBuilder, options, schema
@@ -45,7 +48,7 @@ def _static(d) -> bool:
         return True
 
 
-class Lowerer:
+class Lowerer(LoweringContextBase):
     def __init__(self, model: ModelBuilder, prog, sig):
         self.model = model
         self.prog = prog
@@ -55,17 +58,11 @@ class Lowerer:
         self._tmp = 0
 
     # ------------------------------------------------------------------ current node
-    def out_val(self, i=None):
-        v = self.node.meta["val"]
-        if isinstance(v, (tuple, list)):
-            return v[i or 0]
-        return v
+    def _dtype(self, torch_dtype) -> np.dtype:
+        return np_dtype(torch_dtype)
 
-    def out_shape(self, i=None) -> tuple:
-        return _shape_of(self.out_val(i))
-
-    def out_dtype(self, i=None) -> np.dtype:
-        return np_dtype(self.out_val(i).dtype)
+    def _shape(self, val) -> tuple:
+        return _shape_of(val)
 
     def name(self, suffix: str = "") -> str:
         base = self.node.meta.get("tensor_name", self.node.name) if self.node is not None else "t"
@@ -291,11 +288,11 @@ def _leaves(x) -> list:
     return [x]
 
 
-def _try_fold(lw, node, args, kwargs):
+def _try_fold(lw, node, args):
     """Evaluate a node whose inputs are all constants, when the result stays small."""
     if not isinstance(node.target, torch._ops.OpOverload) or any(k in node.target._name for k in _NO_FOLD):
         return None
-    leaves = _leaves((args, kwargs))
+    leaves = _leaves(args)
     if any(isinstance(a, SymVal) for a in leaves):
         return None
     ins = [a for a in leaves if isinstance(a, Val)]
@@ -313,7 +310,7 @@ def _try_fold(lw, node, args, kwargs):
     from converter.interpret import call_narrowed
 
     targs, tkw = torch.utils._pytree.tree_map(
-        lambda a: torch.from_numpy(np.array(a.const)) if isinstance(a, Val) else a, (args, kwargs))
+        lambda a: torch.from_numpy(np.array(a.const)) if isinstance(a, Val) else a, unbind_args(node.target, args))
     try:
         with torch.no_grad():
             res = call_narrowed(node.target, targs, tkw)
@@ -342,22 +339,22 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                 env[n] = _weight_val(prog, n)
                 continue
             spec = sig.inputs[len(inputs)]
-            shape = lw.out_shape()
+            shape = lw.out_shape
             dtype = np_dtype(n.meta["val"].dtype)
             perm = _boundary_layout(len(inputs), channel_last_inputs, len(shape))
             t = lw.sg.tensor(spec.name, [shape[p] for p in perm], dtype)
             inputs.append((spec.name, t))
             env[n] = Val(shape, dtype, perm, tensor=t)
         elif n.op == "call_function":
-            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+            args = torch.fx.node.map_arg(bind_args(n), lambda a: env[a])
             if n.target is operator.getitem:
                 res = args[0][args[1]]
             elif n.target in SYM_OPS:
                 res = _sym_value(lw, n, args)
             else:
-                res = _try_fold(lw, n, args, kwargs)
+                res = _try_fold(lw, n, args)
                 if res is None:
-                    res = EDGE.get(n.target)(lw, *args, **kwargs)
+                    res = EDGE.call(EDGE.get(n.target), lw, args)
             if isinstance(res, Val):
                 res.users = len(n.users)
             env[n] = res

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from .ops_elementwise import binary
 from .ops_shape import pad_value, strided_slice
 from .registry import lowering, supported_if
@@ -64,7 +66,7 @@ def _conv_support(n):
 @supported_if(_conv_support)
 def convolution(lw, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     if x.rank == 3:  # conv1d as a conv2d over a height of 1
-        out = lw.out_shape()
+        out = lw.out_shape
         x4 = lw.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
         w4 = lw.reshape(w, [w.shape[0], w.shape[1], 1, w.shape[2]])
         out4 = (out[0], out[1], 1, out[2])
@@ -74,8 +76,8 @@ def convolution(lw, x, w, b, stride, padding, dilation, transposed, output_paddi
             y = _conv2d(lw, x4, w4, b, [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups, out4)
         return lw.reshape(y, out)
     if transposed:
-        return _conv_transpose2d(lw, x, w, b, stride, padding, groups, lw.out_shape())
-    return _conv2d(lw, x, w, b, stride, padding, dilation, groups, lw.out_shape())
+        return _conv_transpose2d(lw, x, w, b, stride, padding, groups, lw.out_shape)
+    return _conv2d(lw, x, w, b, stride, padding, dilation, groups, lw.out_shape)
 
 
 def _conv2d(lw, x, w, b, stride, padding, dilation, groups, out_shape):
@@ -166,7 +168,7 @@ def _indices_unused(n):
 
 
 def _maxpool_support(n):
-    dil = n.args[4] if len(n.args) > 4 else [1]
+    dil = arguments(n)["dilation"]
     x = n.args[0].meta["val"]
     return _indices_unused(n) and all(d == 1 for d in dil) and x.dim() == 4 and \
         all(isinstance(d, int) for d in x.shape[2:])
@@ -178,7 +180,7 @@ def _maxpool_support(n):
 @supported_if(_maxpool_support)
 def max_pool2d(lw, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     ks, ss, ps = _pool_args(kernel_size, stride, padding)
-    out = lw.out_shape(0)
+    out = lw.out_shape
     mode = _pad_mode(_spatial(x), ks, ss, ps, [1, 1], out[2:])
     if mode is None:
         # pad with -inf (never the max), including what ceil_mode's last window reaches past.
@@ -216,7 +218,7 @@ def _avgpool_support(n):
 def avg_pool2d(lw, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     ks, ss, ps = _pool_args(kernel_size, stride, padding)
-    out = lw.out_shape()
+    out = lw.out_shape
     mode = _pad_mode(_spatial(x), ks, ss, ps, [1, 1], out[2:])
     if divisor_override is None and (mode == VALID or (mode == SAME and not count_include_pad)):
         return _pool(lw, "AVERAGE_POOL_2D", x, ks, ss, mode, out)
@@ -254,7 +256,7 @@ def _adaptive_support(n):
 @supported_if(_adaptive_support)
 def adaptive_avg_pool2d(lw, x, output_size):
     oh, ow = output_size
-    out = lw.out_shape()
+    out = lw.out_shape
     if (oh, ow) == (1, 1):
         x = lw.with_perm(x, NHWC)
         ins = [lw.tensor(x), lw.const_tensor([1, 2], np.int32)]
@@ -272,7 +274,7 @@ def _resize_support(n):
 @lowering(aten.upsample_bilinear2d.vec)
 @supported_if(_resize_support)
 def upsample_bilinear2d(lw, x, output_size, align_corners, scale_factors=None):
-    out = lw.out_shape()
+    out = lw.out_shape
     ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
     opts = lw.options("ResizeBilinear", alignCorners=bool(align_corners), halfPixelCenters=not align_corners)
     return lw.op("RESIZE_BILINEAR", ins, out, x.dtype, NHWC, opts, version=1 if align_corners else 3)
@@ -282,7 +284,7 @@ def upsample_bilinear2d(lw, x, output_size, align_corners, scale_factors=None):
 @lowering(aten.upsample_nearest2d.vec)
 @supported_if(_resize_support)
 def upsample_nearest2d(lw, x, output_size, scale_factors=None):
-    out = lw.out_shape()
+    out = lw.out_shape
     ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
     opts = lw.options("ResizeNearestNeighbor", alignCorners=False, halfPixelCenters=False)
     return lw.op("RESIZE_NEAREST_NEIGHBOR", ins, out, x.dtype, NHWC, opts)
@@ -302,7 +304,7 @@ def pixel_shuffle(lw, x, r):
     if c > 1:
         order = np.arange(c * r * r).reshape(c, r * r).T.reshape(-1)
         x = _channel_gather(lw, x, order, x.shape)
-    return lw.op("DEPTH_TO_SPACE", [lw.tensor(x, NHWC)], lw.out_shape(), x.dtype, NHWC,
+    return lw.op("DEPTH_TO_SPACE", [lw.tensor(x, NHWC)], lw.out_shape, x.dtype, NHWC,
                  lw.options("DepthToSpace", blockSize=r))
 
 
@@ -310,7 +312,7 @@ def pixel_shuffle(lw, x, r):
 @lowering(aten.pixel_unshuffle.default)
 @supported_if(lambda n: n.args[0].meta["val"].dim() == 4)
 def pixel_unshuffle(lw, x, r):
-    out = lw.out_shape()
+    out = lw.out_shape
     c = x.shape[1]
     y = lw.op("SPACE_TO_DEPTH", [lw.tensor(x, NHWC)], out, x.dtype, NHWC, lw.options("SpaceToDepth", blockSize=r))
     if c > 1:

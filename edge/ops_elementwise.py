@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from . import layout as L
 from .builder import schema
 from .registry import lowering, supported_if
@@ -46,7 +48,7 @@ _SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8))
 
 def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None, out_dtype=None):
     """``op`` on a and b broadcast, computed in ``dtype`` (default: the node's output dtype)."""
-    out_dtype = np.dtype(out_dtype or lw.out_dtype())
+    out_dtype = np.dtype(out_dtype or lw.out_dtype)
     dtype = np.dtype(dtype or out_dtype)
     if dtype in _SMALL_INTS:
         # LiteRT's int8/uint8 kernels expect quantized tensors: on plain ones they abort or
@@ -55,7 +57,7 @@ def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None, out_dtype=None):
         r = binary(lw, op, a, b, dtype=np.int32, shape=shape, out_dtype=wide)
         return lw.cast(r, out_dtype)
     a, b = lw.cast(as_val(lw, a, dtype), dtype), lw.cast(as_val(lw, b, dtype), dtype)
-    shape = lw.out_shape() if shape is None else shape
+    shape = lw.out_shape if shape is None else shape
     perm = ref_perm([a, b], len(shape))
     ins = [operand(lw, a, len(shape), perm), operand(lw, b, len(shape), perm)]
     opts = lw.options(kind, fusedActivationFunction=0) if kind else None
@@ -63,8 +65,8 @@ def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None, out_dtype=None):
 
 
 def unary(lw, op, x: Val, opts=None, dtype=None) -> Val:
-    x = lw.cast(x, dtype or lw.out_dtype())
-    return lw.op(op, [lw.tensor(x)], x.shape, lw.out_dtype(), x.perm, opts)
+    x = lw.cast(x, dtype or lw.out_dtype)
+    return lw.op(op, [lw.tensor(x)], x.shape, lw.out_dtype, x.perm, opts)
 
 
 def promote(*xs) -> np.dtype:
@@ -120,7 +122,7 @@ def rsub(lw, a, b, alpha=1):
 # mul.Tensor(Tensor self, Tensor other) -> Tensor ; mul.Scalar(Tensor self, Scalar other) -> Tensor
 @lowering(aten.mul.Tensor, aten.mul.Scalar)
 def mul(lw, a, b):
-    if lw.out_dtype() == np.bool_:
+    if lw.out_dtype == np.bool_:
         return binary(lw, "LOGICAL_AND", a, b)
     scaled = _scale_left_to_readers(lw, a, b)
     if scaled is not None:
@@ -149,7 +151,7 @@ def _scale_left_to_readers(lw, a, b):
     if not isinstance(a, Val) or not isinstance(b, Val) or a.is_const == b.is_const:
         return None
     x, g = (a, b) if b.is_const else (b, a)
-    shape = lw.out_shape()
+    shape = lw.out_shape
     d = shape[-1] if shape else None
     if (tuple(x.shape) != tuple(shape) or x.dtype != np.float32 or g.dtype != np.float32 or d is None
             or g.rank > len(shape) or g.const.size != d or (g.rank and g.shape[-1] != d)):
@@ -167,14 +169,14 @@ def div(lw, a, b):
     # by a constant: MUL by its reciprocal (attention's 1/sqrt(d) scale); XNNPACK's DIV is
     # the slower kernel, and the result differs by at most an ulp (none for powers of 2)
     c = b.const if isinstance(b, Val) and b.is_const else (b if isinstance(b, float) else None)
-    if c is not None and lw.out_dtype() == np.float32 and np.asarray(c).dtype.kind == "f" and np.all(c != 0):
+    if c is not None and lw.out_dtype == np.float32 and np.asarray(c).dtype.kind == "f" and np.all(c != 0):
         return binary(lw, "MUL", a, as_val(lw, 1.0 / np.asarray(c, np.float64), np.float32), kind="Mul")
     return binary(lw, "DIV", a, b, kind="Div")
 
 
 # div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
-@supported_if(lambda n: n.kwargs.get("rounding_mode", n.args[2] if len(n.args) > 2 else None) in (None, "floor")
+@supported_if(lambda n: arguments(n)["rounding_mode"] in (None, "floor")
               or n.meta["val"].dtype.is_floating_point)
 def div_mode(lw, a, b, rounding_mode=None):
     if rounding_mode is None:
@@ -344,7 +346,7 @@ def leaky_relu(lw, x, negative_slope=0.01):
 
 # elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
 @lowering(aten.elu.default)
-@supported_if(lambda n: all(a == 1 for a in n.args[1:4]))
+@supported_if(lambda n: all(arguments(n)[k] == 1 for k in ("alpha", "scale", "input_scale")))
 def elu(lw, x, alpha=1.0, scale=1.0, input_scale=1.0):
     return unary(lw, "ELU", x)
 
@@ -463,8 +465,8 @@ def logical_or(lw, a, b):
 # where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
 @lowering(aten.where.self)
 def where(lw, cond, a, b):
-    dtype = lw.out_dtype()
-    shape = lw.out_shape()
+    dtype = lw.out_dtype
+    shape = lw.out_shape
     vals = [cond, lw.cast(as_val(lw, a, dtype), dtype), lw.cast(as_val(lw, b, dtype), dtype)]
     perm = ref_perm(vals, len(shape))
     ins = [operand(lw, v, len(shape), perm) for v in vals]
@@ -481,14 +483,14 @@ def masked_fill(lw, x, mask, value):
 
 # clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor ; alias/detach/lift_fresh_copy
 @lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
-def clone(lw, x, **_):
+def clone(lw, x, *_):
     return lw.alias(x)
 
 
 # _to_copy(Tensor self, *, ScalarType? dtype=None, ...) -> Tensor
 @lowering(aten._to_copy.default)
-def to_copy(lw, x, **_):
-    dtype = lw.out_dtype()
+def to_copy(lw, x, *_):
+    dtype = lw.out_dtype
     if dtype == x.dtype:
         return lw.alias(x)
     if dtype == np.bool_:

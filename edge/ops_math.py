@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from .ops_elementwise import binary, unary
 from .ops_reduce import _dims, reduce
 from .registry import lowering, supported_if
@@ -44,7 +46,7 @@ def logical_xor(lw, a, b):
 # bitwise_xor.Tensor(Tensor self, Tensor other) -> Tensor
 @lowering(aten.bitwise_xor.Tensor)
 def bitwise_xor(lw, a, b):
-    if lw.out_dtype() == np.bool_:
+    if lw.out_dtype == np.bool_:
         return binary(lw, "NOT_EQUAL", a, b, dtype=np.bool_)
     return binary(lw, "BITWISE_XOR", a, b)
 
@@ -59,7 +61,7 @@ def bitwise_right_shift(lw, a, b):
 # a - b * trunc(a / b): integer DIV truncates already; for floats trunc = floor or ceil by sign
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(lw, a, b):
-    dtype = lw.out_dtype()
+    dtype = lw.out_dtype
     q = binary(lw, "DIV", a, b)
     if dtype.kind == "f":
         neg = binary(lw, "LESS", q, 0.0, dtype=dtype, shape=q.shape)
@@ -70,8 +72,8 @@ def fmod(lw, a, b):
 
 # linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)
 @lowering(aten.linalg_vector_norm.default)
-@supported_if(lambda n: (n.args[1] if len(n.args) > 1 else n.kwargs.get("ord", 2)) in (1, 2, float("inf")))
-def vector_norm(lw, x, ord=2, dim=None, keepdim=False, **_):  # noqa: A002 - ATen's argument name
+@supported_if(lambda n: arguments(n)["ord"] in (1, 2, float("inf")))
+def vector_norm(lw, x, ord=2, dim=None, keepdim=False, *_):  # noqa: A002 - ATen's argument name
     dims = _dims(x, dim)
     if ord == 2:
         return unary(lw, "SQRT", reduce(lw, "SUM", unary(lw, "SQUARE", x), dims, keepdim))

@@ -21,7 +21,7 @@ aten = torch.ops.aten
 
 def _f(lw, x):
     """x in the node's float output dtype (integer inputs of trig ops promote to float)."""
-    return lw.cast(x, lw.out_dtype())
+    return lw.cast(x, lw.out_dtype)
 
 
 def _one_minus_sq(lw, x):
@@ -170,6 +170,6 @@ def bitwise_or_scalar(lw, x, other):
 # bitwise_xor.Scalar(Tensor self, Scalar other) -> Tensor
 @lowering(aten.bitwise_xor.Scalar)
 def bitwise_xor_scalar(lw, x, other):
-    if lw.out_dtype() == np.bool_:
+    if lw.out_dtype == np.bool_:
         return binary(lw, "NOT_EQUAL", x, bool(other), dtype=np.bool_)
     return binary(lw, "BITWISE_XOR", x, other)

@@ -30,8 +30,8 @@ def _plain(lw, v: Val) -> Val:
 # scalar_tensor(Scalar s, *, ScalarType? dtype=None, ...) -> Tensor: a constant, or (a symbolic
 # size under dynamic shapes) its int32 [1] run-time tensor reshaped to a scalar
 @lowering(aten.scalar_tensor.default)
-def scalar_tensor(lw, s, **_):
-    dtype = lw.out_dtype()
+def scalar_tensor(lw, s, *_):
+    dtype = lw.out_dtype
     if not isinstance(s, SymVal) or s.value is not None:
         return lw.const(np.array(s.value if isinstance(s, SymVal) else s, dtype))
     t = Val((1,), np.dtype(np.int32), (0,), tensor=lw.sym_tensor(s))
@@ -42,9 +42,9 @@ def scalar_tensor(lw, s, **_):
 # empty_strided(SymInt[] size, SymInt[] stride, *, ...) -> Tensor: contents are unspecified; zeros
 @lowering(aten.empty.memory_format, aten.empty_strided.default)
 @supported_if(_static_out)
-def empty(lw, size, *_, **__):
-    shape = lw.out_shape()
-    dtype = lw.out_dtype()
+def empty(lw, size, *_):
+    shape = lw.out_shape
+    dtype = lw.out_dtype
     return lw.op("FILL", [lw.const_tensor(list(shape), np.int32), lw.const_tensor(np.array(0, dtype))], shape, dtype)
 
 
@@ -52,8 +52,8 @@ def empty(lw, size, *_, **__):
 @lowering(aten.copy.default)
 @supported_if(_static_out)
 def copy(lw, x, src, non_blocking=False):
-    shape = lw.out_shape()
-    v = lw.cast(src, lw.out_dtype())
+    shape = lw.out_shape
+    v = lw.cast(src, lw.out_dtype)
     if tuple(v.shape) == tuple(shape):
         return lw.alias(v)
     v = _plain(lw, v)
@@ -64,7 +64,7 @@ def copy(lw, x, src, non_blocking=False):
 
 # prod(Tensor self, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.prod.default)
-def prod_all(lw, x, **_):
+def prod_all(lw, x, *_):
     return reduce(lw, "REDUCE_PROD", x, _dims(x, None), False)
 
 
@@ -76,7 +76,7 @@ def prod_all(lw, x, **_):
 def diagonal(lw, x, offset=0, dim1=0, dim2=1):
     d1, d2 = dim1 % x.rank, dim2 % x.rank
     rest = [d for d in range(x.rank) if d not in (d1, d2)]
-    shape = lw.out_shape()
+    shape = lw.out_shape
     n = shape[-1]
     i = np.arange(n, dtype=np.int32)
     coords = np.stack([i, i + offset] if offset >= 0 else [i - offset, i], -1).astype(np.int32)
@@ -145,6 +145,6 @@ def cdist(lw, x1, x2, p, compute_mode=None):
     last = [len(shape) - 1]
     if p == 2.0:
         return lw.op("SQRT", [lw.tensor(reduce(lw, "SUM", lw.op("SQUARE", [lw.tensor(d)], shape, d.dtype), last,
-                                               False))], lw.out_shape(), d.dtype)
+                                               False))], lw.out_shape, d.dtype)
     ad = lw.op("ABS", [lw.tensor(d)], shape, d.dtype, suffix="abs")
     return reduce(lw, "SUM" if p == 1.0 else "REDUCE_MAX", ad, last, False)

@@ -42,7 +42,7 @@ def _mm_operand(lw, v: Val):
 
 
 def batch_matmul(lw, a: Val, b: Val, shape=None) -> Val:
-    shape = lw.out_shape() if shape is None else shape
+    shape = lw.out_shape if shape is None else shape
     ta, adj_x = _mm_operand(lw, a)
     tb, adj_y = _mm_operand(lw, b)
     opts = lw.options("BatchMatMul", adjX=adj_x, adjY=adj_y)
@@ -97,7 +97,7 @@ def bmm(lw, a, b):
 def matmul(lw, a, b):
     if b.rank == 2 and b.is_const and a.rank >= 1:
         return fully_connected(lw, a, _transposed_const(b), None)
-    shape = lw.out_shape()
+    shape = lw.out_shape
     if a.rank == 1:
         a2 = lw.reshape(a, [1, a.shape[0]])
         return lw.reshape(batch_matmul(lw, a2, b, shape=shape[:-1] + (1, b.shape[-1])), shape)
@@ -117,13 +117,13 @@ def softmax(lw, op, x: Val, dim: int) -> Val:
 # _softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 @lowering(aten._softmax.default)
 def _softmax(lw, x, dim, half_to_float=False):
-    return softmax(lw, "SOFTMAX", lw.cast(x, lw.out_dtype()), dim)
+    return softmax(lw, "SOFTMAX", lw.cast(x, lw.out_dtype), dim)
 
 
 # _log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
 @lowering(aten._log_softmax.default)
 def _log_softmax(lw, x, dim, half_to_float=False):
-    return softmax(lw, "LOG_SOFTMAX", lw.cast(x, lw.out_dtype()), dim)
+    return softmax(lw, "LOG_SOFTMAX", lw.cast(x, lw.out_dtype), dim)
 
 
 def _normalize(lw, x: Val, dims, eps, center: bool) -> Val:
@@ -235,7 +235,7 @@ def batch_norm(lw, x, weight, bias, mean, var, momentum, eps):
 #     float dropout_p=0.0, bool is_causal=False, *, float? scale=None, bool enable_gqa=False) -> Tensor
 @lowering(aten.scaled_dot_product_attention.default)
 @supported_if(lambda n: all(isinstance(d, int) for d in n.args[0].meta["val"].shape[-2:]))
-def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     e = q.shape[-1]
     L_, S = q.shape[-2], k.shape[-2]
     scale = 1.0 / math.sqrt(e) if scale is None else scale

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from . import layout as L
 from .registry import lowering, supported_if
 from .values import Val
@@ -44,33 +46,29 @@ def _pool3d(lw, op, x: Val, ks, ss, out_shape) -> Val:
     return Val(tuple(out_shape), x.dtype, cl, tensor=t.tensor)
 
 
-def _unpadded(pad_index, ceil_index):
-    def pred(n):
-        pad = n.args[pad_index] if len(n.args) > pad_index else 0
-        ceil = n.args[ceil_index] if len(n.args) > ceil_index else False
-        return _static5(n) and all(p == 0 for p in _triple(pad, 0)) and not ceil
-    return pred
+def _unpadded(n) -> bool:
+    a = arguments(n)
+    return _static5(n) and all(p == 0 for p in _triple(a["padding"], 0)) and not a["ceil_mode"]
 
 
 # avg_pool3d(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0, bool ceil_mode=False,
 #            bool count_include_pad=True, int? divisor_override=None) -> Tensor
 @lowering(aten.avg_pool3d.default)
-@supported_if(lambda n: _unpadded(3, 4)(n) and (len(n.args) < 7 or n.args[6] is None)
-              and n.kwargs.get("divisor_override") is None)
+@supported_if(lambda n: _unpadded(n) and arguments(n)["divisor_override"] is None)
 def avg_pool3d(lw, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     ks = _triple(kernel_size, None)
-    return _pool3d(lw, "AVERAGE_POOL_2D", x, ks, _triple(stride, ks), lw.out_shape())
+    return _pool3d(lw, "AVERAGE_POOL_2D", x, ks, _triple(stride, ks), lw.out_shape)
 
 
 # max_pool3d_with_indices(Tensor self, int[3] kernel_size, int[3] stride=[], int[3] padding=0,
 #                         int[3] dilation=1, bool ceil_mode=False) -> (Tensor, Tensor)   (indices unused)
 @lowering(aten.max_pool3d_with_indices.default)
-@supported_if(lambda n: _unpadded(3, 5)(n) and all(d == 1 for d in _triple(n.args[4] if len(n.args) > 4 else 1, 1))
+@supported_if(lambda n: _unpadded(n) and all(d == 1 for d in _triple(arguments(n)["dilation"], 1))
               and all(u.args[1] == 0 or not u.users for u in n.users))
 def max_pool3d(lw, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     ks = _triple(kernel_size, None)
-    return _pool3d(lw, "MAX_POOL_2D", x, ks, _triple(stride, ks), lw.out_shape(0)), None
+    return _pool3d(lw, "MAX_POOL_2D", x, ks, _triple(stride, ks), lw.out_shape), None
 
 
 # _adaptive_avg_pool3d(Tensor self, SymInt[3] output_size) -> Tensor: output sizes dividing the input's
@@ -78,4 +76,4 @@ def max_pool3d(lw, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=F
 @supported_if(lambda n: _static5(n) and all(i % o == 0 for i, o in zip(n.args[0].meta["val"].shape[2:], n.args[1])))
 def adaptive_avg_pool3d(lw, x, output_size):
     ks = [i // o for i, o in zip(x.shape[2:], output_size)]
-    return _pool3d(lw, "AVERAGE_POOL_2D", x, ks, ks, lw.out_shape())
+    return _pool3d(lw, "AVERAGE_POOL_2D", x, ks, ks, lw.out_shape)

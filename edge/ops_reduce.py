@@ -26,7 +26,7 @@ def _dims(x, dim):
 
 def reduce(lw, op, x: Val, dims, keepdim, dtype=None, shape=None) -> Val:
     """``op`` (MEAN, SUM, REDUCE_MAX, ...) over logical ``dims`` of x in x's own layout."""
-    dtype = np.dtype(dtype or lw.out_dtype())
+    dtype = np.dtype(dtype or lw.out_dtype)
     if x.dtype != dtype:
         x = lw.cast(x, dtype)
     axes = sorted(x.perm.index(d) for d in dims)
@@ -40,25 +40,25 @@ def reduce(lw, op, x: Val, dims, keepdim, dtype=None, shape=None) -> Val:
 
 # mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.mean.dim)
-def mean(lw, x, dim=None, keepdim=False, **_):
+def mean(lw, x, dim=None, keepdim=False, *_):
     return reduce(lw, "MEAN", x, _dims(x, dim), keepdim)
 
 
 # mean.default(Tensor self, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.mean.default)
-def mean_all(lw, x, **_):
+def mean_all(lw, x, *_):
     return reduce(lw, "MEAN", x, _dims(x, None), False)
 
 
 # sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.sum.dim_IntList)
-def sum_dim(lw, x, dim=None, keepdim=False, **_):
+def sum_dim(lw, x, dim=None, keepdim=False, *_):
     return reduce(lw, "SUM", x, _dims(x, dim), keepdim)
 
 
 # sum.default(Tensor self, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.sum.default)
-def sum_all(lw, x, **_):
+def sum_all(lw, x, *_):
     return reduce(lw, "SUM", x, _dims(x, None), False)
 
 
@@ -86,7 +86,7 @@ def min_all(lw, x):
 
 # prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.prod.dim_int)
-def prod(lw, x, dim, keepdim=False, **_):
+def prod(lw, x, dim, keepdim=False, *_):
     return reduce(lw, "REDUCE_PROD", x, _dims(x, dim), keepdim)
 
 
@@ -101,7 +101,7 @@ def any_(lw, x, dim=None, keepdim=False):
 # var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
 @lowering(aten.var.correction)
 @supported_if(lambda n: all(isinstance(d, int) for d in n.args[0].meta["val"].shape))
-def var(lw, x, dim=None, *, correction=None, keepdim=False):
+def var(lw, x, dim=None, correction=None, keepdim=False):
     dims = _dims(x, dim)
     n = int(np.prod([x.shape[d] for d in dims]))
     m = reduce(lw, "MEAN", x, dims, True)
@@ -111,7 +111,7 @@ def var(lw, x, dim=None, *, correction=None, keepdim=False):
     return binary(lw, "MUL", s, 1.0 / max(n - c, 0) if n - c > 0 else float("nan"), kind="Mul", shape=s.shape)
 
 
-def _arg(lw, op, x, dim, keepdim, i=None):
+def _arg(lw, op, x, dim, keepdim, i=0):
     if dim is None:
         x = lw.reshape(x, [int(np.prod(x.shape))])
         dim = 0
@@ -122,7 +122,7 @@ def _arg(lw, op, x, dim, keepdim, i=None):
     kind = "ArgMax" if op == "ARG_MAX" else "ArgMin"
     v = lw.op(op, ins, shape, np.int32, perm, lw.options(kind, outputType=INT32))
     if keepdim:
-        v = lw.reshape(v, lw.out_shape(i))
+        v = lw.reshape(v, lw.out_shapes[i])
     return v
 
 
@@ -140,20 +140,20 @@ def argmin(lw, x, dim=None, keepdim=False):
 # max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices) ; min.dim
 @lowering(aten.max.dim)
 def max_dim(lw, x, dim, keepdim=False):
-    return (reduce(lw, "REDUCE_MAX", x, _dims(x, dim), keepdim, shape=lw.out_shape(0), dtype=x.dtype),
+    return (reduce(lw, "REDUCE_MAX", x, _dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
             _arg(lw, "ARG_MAX", x, dim, keepdim, 1))
 
 
 @lowering(aten.min.dim)
 def min_dim(lw, x, dim, keepdim=False):
-    return (reduce(lw, "REDUCE_MIN", x, _dims(x, dim), keepdim, shape=lw.out_shape(0), dtype=x.dtype),
+    return (reduce(lw, "REDUCE_MIN", x, _dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
             _arg(lw, "ARG_MIN", x, dim, keepdim, 1))
 
 
 # cumsum(Tensor self, int dim, *, ScalarType? dtype=None) -> Tensor
 @lowering(aten.cumsum.default)
-def cumsum(lw, x, dim, **_):
-    x = lw.cast(x, lw.out_dtype())
+def cumsum(lw, x, dim, *_):
+    x = lw.cast(x, lw.out_dtype)
     ins = [lw.tensor(x), lw.const_tensor(np.array(x.perm.index(dim % x.rank), np.int32))]
     return lw.op("CUMSUM", ins, x.shape, x.dtype, x.perm, lw.options("Cumsum"))
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from . import layout as L
 from .ops_elementwise import ref_perm
 from .ops_shape import strided_slice
@@ -138,14 +140,14 @@ def index_put(lw, x, indices, values, accumulate=False):
 # at the sliced positions and self's elsewhere.
 @lowering(aten.slice_scatter.default)
 @supported_if(lambda n: all(isinstance(d, int) for d in n.meta["val"].shape)
-              and all(not isinstance(a, torch.fx.Node) for a in n.args[3:]))
+              and all(not isinstance(arguments(n)[k], torch.fx.Node) for k in ("start", "end", "step")))
 def slice_scatter(lw, x, src, dim=0, start=None, end=None, step=1):
     dim %= x.rank
     n = x.shape[dim]
     pos = list(range(n))[slice(start, end, step)]
     order = np.arange(n, dtype=np.int32)
     order[pos] = n + np.arange(len(pos), dtype=np.int32)
-    dtype = lw.out_dtype()
+    dtype = lw.out_dtype
     perm = ref_perm([x, src], x.rank)
     both_shape = tuple(s + (src.shape[dim] if d == dim else 0) for d, s in enumerate(x.shape))
     both = lw.op("CONCATENATION", [lw.tensor(lw.cast(x, dtype), perm), lw.tensor(lw.cast(src, dtype), perm)],

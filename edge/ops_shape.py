@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from . import layout as L
 from .ops_elementwise import operand, ref_perm
 from .registry import lowering, supported_if
@@ -21,7 +23,7 @@ _BIG = 2**31 - 1
 def view_shape(lw, size) -> list:
     """The target shape of a view/reshape: static dims from the node's aval, dynamic dims as
     the SymVal the graph passed (or None)."""
-    out = lw.out_shape()
+    out = lw.out_shape
     return [d if d is not None else (size[i] if isinstance(size[i], SymVal) else None) for i, d in enumerate(out)]
 
 
@@ -34,7 +36,7 @@ def view(lw, x, size):
 # squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a) ; squeeze.dim / squeeze.default ; unsqueeze(self, int dim)
 @lowering(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, aten.unsqueeze.default)
 def squeeze(lw, x, *dims):
-    return lw.reshape(x, lw.out_shape())
+    return lw.reshape(x, lw.out_shape)
 
 
 # permute(Tensor(a) self, int[] dims) -> Tensor(a): only the layout changes
@@ -52,7 +54,7 @@ def permute(lw, x, dims):
 # expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)
 @lowering(aten.expand.default)
 def expand(lw, x, size, implicit=False):
-    shape = lw.out_shape()
+    shape = lw.out_shape
     rank = len(shape)
     perm = ref_perm([x], rank)
     if x.rank < rank and L.is_identity(perm):  # BROADCAST_TO wants the full rank
@@ -82,7 +84,7 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
     RESHAPEs around it for steps and dropped dims), because XNNPACK delegates SLICE and
     RESHAPE but not a STRIDED_SLICE with a step > 1 or a shrink mask: each such op splits
     the delegated graph and runs on the slower builtin kernel between partitions."""
-    shape = lw.out_shape() if out_shape is None else out_shape
+    shape = lw.out_shape if out_shape is None else out_shape
     perm = L.drop_dims(x.perm, shrink) if shrink else x.perm
     axes = _slice_axes(x, specs, shrink)
     if axes is not None:
@@ -188,7 +190,7 @@ def _slice_version(rank, dtype) -> int:
 
 # slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
 @lowering(aten.slice.Tensor)
-@supported_if(lambda n: all(not isinstance(a, torch.fx.Node) for a in n.args[2:]))
+@supported_if(lambda n: all(not isinstance(arguments(n)[k], torch.fx.Node) for k in ("start", "end", "step")))
 def slice_(lw, x, dim=0, start=None, end=None, step=1):
     dim %= x.rank
     if (start in (None, 0)) and (end is None or end >= _BIG or end == x.shape[dim]) and step == 1:
@@ -206,8 +208,8 @@ def select(lw, x, dim, index):
 # cat(Tensor[] tensors, int dim=0) -> Tensor
 @lowering(aten.cat.default)
 def cat(lw, tensors, dim=0):
-    shape = lw.out_shape()
-    dtype = lw.out_dtype()
+    shape = lw.out_shape
+    dtype = lw.out_dtype
     rank = len(shape)
     dim %= rank
     vals = [lw.cast(t, dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]
@@ -224,7 +226,7 @@ def _split(lw, x, sizes, dim):
     chunk(2) split the delegated graph four times), else one SPLIT_V."""
     dim %= x.rank
     axis = x.perm.index(dim)
-    outs_shape = [lw.out_shape(i) for i in range(len(sizes))]
+    outs_shape = [lw.out_shapes[i] for i in range(len(sizes))]
     if x.static:
         starts = np.cumsum([0] + list(sizes))
         return tuple(strided_slice(lw, x, {dim: (int(b), int(b) + n, 1)}, out_shape=s)
@@ -253,7 +255,7 @@ def split(lw, x, split_size, dim=0):
 @lowering(aten.unbind.int)
 def unbind(lw, x, dim=0):
     dim %= x.rank
-    return tuple(strided_slice(lw, x, {dim: (i, None, 1)}, shrink=(dim,), out_shape=lw.out_shape(i))
+    return tuple(strided_slice(lw, x, {dim: (i, None, 1)}, shrink=(dim,), out_shape=lw.out_shapes[i])
                  for i in range(x.shape[dim]))
 
 
@@ -282,7 +284,7 @@ def _unit_runs(index, n, most: int = 2):
 
 
 def _slices_concat(lw, x, dim, runs):
-    shape = lw.out_shape()
+    shape = lw.out_shape
     if runs == [(0, x.shape[dim])]:
         return lw.alias(x)
     parts = []
@@ -297,7 +299,7 @@ def _slices_concat(lw, x, dim, runs):
 
 
 def _gather(lw, x, dim, index):
-    shape = lw.out_shape()
+    shape = lw.out_shape
     idx = lw.cast(index, np.int32)
     if idx.rank == 1:
         perm = x.perm
@@ -317,7 +319,7 @@ def index(lw, x, indices):
     if kind == "one":
         return _gather(lw, x, pos, indices[pos])
     # several index tensors from dim 0: GATHER_ND over their broadcast coordinates
-    shape = lw.out_shape()
+    shape = lw.out_shape
     k = len(indices)
     bshape = shape[: len(shape) - (x.rank - k)]
     cols = []
@@ -373,7 +375,7 @@ def gather(lw, x, dim, index, sparse_grad=False):
 def embedding(lw, weight, indices, *_):
     idx = lw.cast(indices, np.int32)
     ins = [lw.tensor(weight, L.identity(2)), lw.tensor(idx, L.identity(idx.rank))]
-    return lw.op("GATHER", ins, lw.out_shape(), weight.dtype, None, lw.options("Gather", axis=0))
+    return lw.op("GATHER", ins, lw.out_shape, weight.dtype, None, lw.options("Gather", axis=0))
 
 
 # constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
@@ -394,7 +396,7 @@ def pad_value(lw, x, pairs, value=0, shape=None, perm=None) -> Val:
     """PAD (value 0) or PADV2 of x in layout ``perm`` (default its own); pairs per logical dim."""
     perm = x.perm if perm is None else perm
     phys = np.array([pairs[d] for d in perm], np.int32)
-    shape = lw.out_shape() if shape is None else shape
+    shape = lw.out_shape if shape is None else shape
     ins = [lw.tensor(x, perm), lw.const_tensor(phys)]
     version = 4 if x.rank > 4 else 1
     if value == 0:
@@ -407,7 +409,7 @@ def pad_value(lw, x, pairs, value=0, shape=None, perm=None) -> Val:
 @lowering(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
 def reflection_pad(lw, x, padding):
     phys = np.array([_pairs(x.rank, padding)[d] for d in x.perm], np.int32)
-    return lw.op("MIRROR_PAD", [lw.tensor(x), lw.const_tensor(phys)], lw.out_shape(), x.dtype, x.perm,
+    return lw.op("MIRROR_PAD", [lw.tensor(x), lw.const_tensor(phys)], lw.out_shape, x.dtype, x.perm,
                  lw.options("MirrorPad", mode=0))
 
 
@@ -420,7 +422,7 @@ def flip(lw, x, dims):
 
 # roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor: two slices and a concat per dim
 @lowering(aten.roll.default)
-@supported_if(lambda n: len(n.args) > 2 and len(n.args[2]) > 0)
+@supported_if(lambda n: len(arguments(n)["dims"]) > 0)
 def roll(lw, x, shifts, dims=()):
     for s, d in zip(shifts, dims):
         d %= x.rank
@@ -439,7 +441,7 @@ def roll(lw, x, shifts, dims=()):
 # repeat(Tensor self, SymInt[] repeats) -> Tensor
 @lowering(aten.repeat.default)
 def repeat(lw, x, repeats):
-    shape = lw.out_shape()
+    shape = lw.out_shape
     rank = len(shape)
     perm = ref_perm([x], rank)
     t = operand(lw, x, rank, perm) if x.rank == rank or not L.is_identity(perm) else \
@@ -451,7 +453,7 @@ def repeat(lw, x, repeats):
 def _as_strided_is_view(n):
     x = n.args[0].meta["val"]
     size, stride = list(n.args[1]), list(n.args[2])
-    offset = n.args[3] if len(n.args) > 3 else n.kwargs.get("storage_offset", 0)
+    offset = arguments(n)["storage_offset"]
     if len(size) != x.dim() or offset not in (None, 0):
         return False
     expect = 1  # None once a dynamic dim makes the contiguous stride unknown
@@ -481,31 +483,31 @@ def as_strided(lw, x, size, stride, storage_offset=None):
 
 # full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, ...) -> Tensor
 @lowering(aten.full.default)
-def full(lw, size, fill_value, **_):
-    shape = lw.out_shape()
-    dtype = lw.out_dtype()
+def full(lw, size, fill_value, *_):
+    shape = lw.out_shape
+    dtype = lw.out_dtype
     dims = lw.shape_tensor([shape[i] if shape[i] is not None else size[i] for i in range(len(shape))])
     return lw.op("FILL", [dims, lw.const_tensor(np.array(fill_value, dtype))], shape, dtype)
 
 
 # full_like(Tensor self, Scalar fill_value, *, ...) -> Tensor ; zeros_like / ones_like
 @lowering(aten.full_like.default)
-def full_like(lw, x, fill_value, **_):
+def full_like(lw, x, fill_value, *_):
     return _fill_like(lw, x, fill_value)
 
 
 @lowering(aten.zeros_like.default)
-def zeros_like(lw, x, **_):
+def zeros_like(lw, x, *_):
     return _fill_like(lw, x, 0)
 
 
 @lowering(aten.ones_like.default)
-def ones_like(lw, x, **_):
+def ones_like(lw, x, *_):
     return _fill_like(lw, x, 1)
 
 
 def _fill_like(lw, x, value):
-    dtype = lw.out_dtype()
+    dtype = lw.out_dtype
     if x.static:
         dims = lw.const_tensor(list(x.phys_shape()), np.int32)
     else:
@@ -517,7 +519,7 @@ def _fill_like(lw, x, value):
 # arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, ...) -> Tensor
 @lowering(aten.arange.start_step)
 @supported_if(lambda n: not any(isinstance(a, torch.fx.Node) for a in n.args))
-def arange(lw, start, end, step=1, **_):
-    dtype = lw.out_dtype()
+def arange(lw, start, end, step=1, *_):
+    dtype = lw.out_dtype
     ins = [lw.const_tensor(np.array(v, dtype)) for v in (start, end, step)]
-    return lw.op("RANGE", ins, lw.out_shape(), dtype)
+    return lw.op("RANGE", ins, lw.out_shape, dtype)
