@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 
 import numpy as np
@@ -51,26 +50,17 @@ class Model:
         return list(self._signatures)
 
     def export(self, path) -> None:
-        """Write the .tflite atomically: a temp file in the same folder, then a rename."""
+        """Write the .tflite atomically (a temp file in the same folder, then a rename; mode from the umask)."""
+        from converter.atomic import write_file
+
         path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".tflite", dir=folder)
-            with os.fdopen(fd, "wb") as f:
-                f.write(self._data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            tmp = None
+            write_file(path, self._data)
         except OSError as e:
             raise ModelExportError(
                 f"cannot write the .tflite to {path!r}: {e.strerror or e}. Nothing was written. "
                 "Fix: pick a path in an existing, writable folder."
             ) from e
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
 
     def __call__(self, *args, signature_name: str = "serving_default", **kwargs):
         if signature_name not in self._signatures:
