@@ -31,6 +31,8 @@ SymInts), with the op's schema in a comment above it::
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import Callable, Iterable
 
 import torch
@@ -38,7 +40,12 @@ import torch
 from .errors import ConversionError, source_line
 
 __all__ = ["LoweringRegistry", "DuplicateLoweringError", "LoweringError", "LoweringContextBase", "supported_if",
-           "bind_args", "arguments", "unbind_args", "op_name"]
+           "bind_args", "arguments", "unbind_args", "op_name", "OP_FAMILIES", "import_op_families"]
+
+# The op families every backend splits its lowerings by, one file each (edge/ops_<family>.py,
+# tpu_backend/lowering/ops_<family>.py): an op's lowerings and its test row are found under one name.
+OP_FAMILIES = ("activation", "attention", "conv", "creation", "elementwise", "index", "logical", "nn", "norm", "pool",
+               "reduce", "resize", "sampling", "shape", "slice", "symbolic")
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -61,6 +68,15 @@ def _site(fn) -> str:
     code = getattr(fn, "__code__", None)
     where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}{where}"
+
+
+def import_op_families(package: str) -> list[str]:
+    """Import ``package``.ops_<family> for every family the package has a file for (which registers
+    its lowerings); returns the families found."""
+    found = [f for f in OP_FAMILIES if importlib.util.find_spec(f"{package}.ops_{f}") is not None]
+    for f in found:
+        importlib.import_module(f"{package}.ops_{f}")
+    return found
 
 
 # ---------------------------------------------------------------------------- the one argument binder

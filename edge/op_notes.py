@@ -8,7 +8,7 @@ __all__ = ["EDGE_NOTES"]
 _STATIC = "static shapes only"
 
 EDGE_NOTES: dict[str, str] = {
-    # one-builtin-short ops written as sequences (edge/ops_more_math.py, ops_math.py, ops_elementwise.py)
+    # one-builtin-short ops written as sequences (edge/ops_elementwise.py, ops_logical.py)
     "aten.atan.default": "edge: ATAN2(x, ZEROS_LIKE(x) + 1)",
     "aten.atan2.default": "edge: ATAN2; operands of equal shape (the kernel does not broadcast)",
     "aten.asin.default": "edge: ATAN2(x, SQRT((1-x)(1+x)))",
@@ -39,7 +39,7 @@ EDGE_NOTES: dict[str, str] = {
     "aten.bitwise_not.default": "edge: bool only (LOGICAL_NOT); no integer NOT builtin",
     "aten.bitwise_xor.Scalar": "edge: BITWISE_XOR (NOT_EQUAL on bool)",
     "aten.bitwise_xor.Tensor": "edge: BITWISE_XOR (NOT_EQUAL on bool)",
-    # scatters (edge/ops_scatter.py)
+    # scatters (edge/ops_index.py)
     "aten.scatter.src": "edge: SELECT_V2(SCATTER_ND(ones) > 0, SCATTER_ND(src), self); " + _STATIC,
     "aten.scatter.value": "edge: SELECT_V2(SCATTER_ND(ones) > 0, SCATTER_ND(value), self); " + _STATIC,
     "aten.scatter_add.default": "edge: self + SCATTER_ND(src); " + _STATIC,

@@ -1,10 +1,15 @@
-"""Imports every ops module so the EDGE table is complete, and re-exports it."""
+"""Imports every ops module so the EDGE table is complete, and re-exports it with the public
+registration API (``lowering``, ``supported_if``: the contract of converter.registry).
+
+The op files are split by converter.registry.OP_FAMILIES, like the TPU backend's: an op's edge
+lowering is in edge/ops_<family>.py and its TPU lowering in tpu_backend/lowering/ops_<family>.py."""
 
 from __future__ import annotations
 
-from . import ops_conv, ops_elementwise, ops_math, ops_nn, ops_reduce, ops_shape  # noqa: F401 - registration
-from . import ops_grid_sample, ops_more_math, ops_more_nn, ops_pool3d  # noqa: F401 - registration
-from . import ops_scatter, ops_scatter_reduce  # noqa: F401 - registration
-from .registry import EDGE
+from converter.registry import import_op_families
 
-__all__ = ["EDGE"]
+from .registry import EDGE, lowering, supported_if
+
+__all__ = ["EDGE", "lowering", "supported_if"]
+
+import_op_families(__package__)

@@ -1,86 +1,27 @@
-"""Elementwise ops and activations. They run in their input's layout: a broadcast operand is
-brought to that layout (a constant is permuted at conversion time, never at run time)."""
+"""Arithmetic and unary math. LiteRT has no builtin for most inverse-trig, hyperbolic and
+log-base ops; each is a short sequence of builtins (ATAN2, LOG, EXP, SQRT, ...), written so the
+fp32 result stays within 1e-5 of torch's (see edge/op_notes.py).
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 from converter.registry import arguments
 
-from . import layout as L
-from .builder import schema
+from .helpers import as_val, binary, unary
 from .registry import lowering, supported_if
 from .values import Val
 
-__all__ = ["binary", "unary", "operand", "ref_perm", "as_val", "activation"]
+__all__ = ["RELU", "RELU_N1_TO_1", "RELU6", "activation", "clamp_between", "readers_fold_affine"]
 
 aten = torch.ops.aten
+
+
 RELU, RELU_N1_TO_1, RELU6 = 1, 2, 3  # ActivationFunctionType values
-
-
-def as_val(lw, x, dtype) -> Val:
-    return x if isinstance(x, Val) else lw.const(np.asarray(x, dtype=dtype))
-
-
-def ref_perm(vals, rank) -> tuple:
-    """The layout an elementwise op runs in: that of its first full-rank non-constant input."""
-    for v in vals:
-        if isinstance(v, Val) and not v.is_const and v.rank == rank:
-            return tuple(v.perm)
-    return L.identity(rank)
-
-
-def operand(lw, v: Val, rank: int, perm) -> int:
-    """v's tensor, broadcast-ready for an op of ``rank`` running in layout ``perm``."""
-    if v.rank < rank and v.is_const and v.const.size == 1:
-        return lw.tensor(lw.const(v.const.reshape(())))  # a scalar broadcasts in any layout
-    if v.rank < rank:
-        if L.is_identity(perm):
-            return lw.tensor(v, L.identity(v.rank))  # numpy-style right-aligned broadcasting
-        full = [1] * (rank - v.rank) + list(v.shape)
-        v = lw.const(v.const.reshape(full)) if v.is_const else lw.reshape(v, full)
-    return lw.tensor(v, perm)
-
-
-_SMALL_INTS = (np.dtype(np.int8), np.dtype(np.uint8))
-
-
-def binary(lw, op, a, b, *, dtype=None, kind=None, shape=None, out_dtype=None):
-    """``op`` on a and b broadcast, computed in ``dtype`` (default: the node's output dtype)."""
-    out_dtype = np.dtype(out_dtype or lw.out_dtype)
-    dtype = np.dtype(dtype or out_dtype)
-    if dtype in _SMALL_INTS:
-        # LiteRT's int8/uint8 kernels expect quantized tensors: on plain ones they abort or
-        # rescale. Compute in int32 and cast back (wrapping, as torch's int8 arithmetic does).
-        wide = np.dtype(np.int32) if out_dtype in _SMALL_INTS else out_dtype
-        r = binary(lw, op, a, b, dtype=np.int32, shape=shape, out_dtype=wide)
-        return lw.cast(r, out_dtype)
-    a, b = lw.cast(as_val(lw, a, dtype), dtype), lw.cast(as_val(lw, b, dtype), dtype)
-    shape = lw.out_shape if shape is None else shape
-    perm = ref_perm([a, b], len(shape))
-    ins = [operand(lw, a, len(shape), perm), operand(lw, b, len(shape), perm)]
-    opts = lw.options(kind, fusedActivationFunction=0) if kind else None
-    return lw.op(op, ins, shape, out_dtype, perm, opts, fusable=kind is not None)
-
-
-def unary(lw, op, x: Val, opts=None, dtype=None) -> Val:
-    x = lw.cast(x, dtype or lw.out_dtype)
-    return lw.op(op, [lw.tensor(x)], x.shape, lw.out_dtype, x.perm, opts)
-
-
-def promote(*xs) -> np.dtype:
-    """The dtype torch computes a comparison in (tensor dtypes win over Python scalars)."""
-    tens = [x for x in xs if isinstance(x, Val)]
-    floats = [x.dtype for x in tens if x.dtype.kind == "f"]
-    if floats:
-        return max(floats, key=lambda d: d.itemsize)
-    if any(isinstance(x, float) for x in xs):
-        return np.dtype(np.float32)
-    ints = [x.dtype for x in tens if x.dtype.kind in "iu"]
-    if ints:
-        return max(ints, key=lambda d: d.itemsize)
-    return tens[0].dtype if tens else np.dtype(np.int32)
 
 
 def activation(lw, x: Val, act: int, op: str) -> Val:
@@ -88,8 +29,6 @@ def activation(lw, x: Val, act: int, op: str) -> Val:
     fused = lw.fuse_activation(x, act)
     return fused if fused is not None else unary(lw, op, x)
 
-
-# ---------------------------------------------------------------- arithmetic
 
 def _scaled(lw, b, alpha):
     if alpha == 1:
@@ -239,13 +178,11 @@ def pow_tensor(lw, x, e):
     return binary(lw, "POW", x, e)
 
 
-# ---------------------------------------------------------------- unary math
-
 _UNARY = {
     aten.exp.default: "EXP", aten.log.default: "LOG", aten.sqrt.default: "SQRT", aten.rsqrt.default: "RSQRT",
     aten.abs.default: "ABS", aten.neg.default: "NEG", aten.sin.default: "SIN", aten.cos.default: "COS",
     aten.floor.default: "FLOOR", aten.ceil.default: "CEIL", aten.round.default: "ROUND", aten.sign.default: "SIGN",
-    aten.sigmoid.default: "LOGISTIC", aten.tanh.default: "TANH", aten.logical_not.default: "LOGICAL_NOT",
+    aten.sigmoid.default: "LOGISTIC", aten.tanh.default: "TANH",
 }
 
 
@@ -253,8 +190,6 @@ def _register_unary(target, op):
     # exp/log/sqrt/...(Tensor self) -> Tensor: one builtin each
     @lowering(target)
     def lower_unary(lw, x):
-        if op == "LOGICAL_NOT" and x.dtype != np.bool_:
-            x = binary(lw, "NOT_EQUAL", x, 0, dtype=x.dtype)
         return unary(lw, op, x)
 
     lower_unary.__name__ = f"lower_{op.lower()}"
@@ -289,27 +224,13 @@ def expm1(lw, x):
     return binary(lw, "SUB", unary(lw, "EXP", x), 1.0, kind="Sub")
 
 
-# ---------------------------------------------------------------- activations
-
-# relu(Tensor self) -> Tensor
-@lowering(aten.relu.default)
-def relu(lw, x):
-    return activation(lw, x, RELU, "RELU")
-
-
-# hardtanh(Tensor self, Scalar min_val=-1, Scalar max_val=1) -> Tensor
-@lowering(aten.hardtanh.default)
-def hardtanh(lw, x, min_val=-1.0, max_val=1.0):
-    return _clamp(lw, x, min_val, max_val)
-
-
 # clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor
 @lowering(aten.clamp.default)
 def clamp(lw, x, min=None, max=None):  # noqa: A002 - ATen's argument names
-    return _clamp(lw, x, min, max)
+    return clamp_between(lw, x, min, max)
 
 
-def _clamp(lw, x, lo, hi):
+def clamp_between(lw, x, lo, hi):
     if x.dtype.kind == "f":
         if (lo, hi) == (0, 6):
             return activation(lw, x, RELU6, "RELU6")
@@ -338,161 +259,155 @@ def clamp_tensor(lw, x, min=None, max=None):  # noqa: A002
     return y
 
 
-# leaky_relu(Tensor self, Scalar negative_slope=0.01) -> Tensor
-@lowering(aten.leaky_relu.default)
-def leaky_relu(lw, x, negative_slope=0.01):
-    return unary(lw, "LEAKY_RELU", x, lw.options("LeakyRelu", alpha=float(negative_slope)))
+# Abramowitz & Stegun 7.1.26: |error| <= 1.5e-7 over the whole real line
+_ERF_P = 0.3275911
 
 
-# elu(Tensor self, Scalar alpha=1, Scalar scale=1, Scalar input_scale=1) -> Tensor
-@lowering(aten.elu.default)
-@supported_if(lambda n: all(arguments(n)[k] == 1 for k in ("alpha", "scale", "input_scale")))
-def elu(lw, x, alpha=1.0, scale=1.0, input_scale=1.0):
-    return unary(lw, "ELU", x)
+_ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
-# gelu(Tensor self, *, str approximate='none') -> Tensor
-@lowering(aten.gelu.default)
-def gelu(lw, x, approximate="none"):
-    return unary(lw, "GELU", x, lw.options("Gelu", approximate=approximate == "tanh"))
+# erf(Tensor self) -> Tensor
+@lowering(aten.erf.default)
+def erf(lw, x):
+    s = x.shape
+    ax = unary(lw, "ABS", x)
+    t = binary(lw, "DIV", 1.0, binary(lw, "ADD", binary(lw, "MUL", ax, _ERF_P, shape=s), 1.0, shape=s), shape=s)
+    poly = lw.const(np.array(_ERF_A[-1], x.dtype))
+    for a in reversed(_ERF_A[:-1]):
+        poly = binary(lw, "ADD", binary(lw, "MUL", t, poly, shape=s), a, shape=s)
+    poly = binary(lw, "MUL", poly, t, shape=s)
+    e = unary(lw, "EXP", unary(lw, "NEG", unary(lw, "SQUARE", x)))
+    y = binary(lw, "SUB", 1.0, binary(lw, "MUL", poly, e, shape=s), shape=s)
+    return binary(lw, "MUL", unary(lw, "SIGN", x), y, shape=s)
 
 
-# silu(Tensor self) -> Tensor: x * sigmoid(x)
-@lowering(aten.silu.default)
-def silu(lw, x):
-    s = lw.op("LOGISTIC", [lw.tensor(x)], x.shape, x.dtype, x.perm, suffix="sigmoid")
-    return lw.op("MUL", [lw.tensor(x), lw.tensor(s)], x.shape, x.dtype, x.perm,
-                 lw.options("Mul", fusedActivationFunction=0), fusable=True)
-
-
-# hardswish(Tensor self) -> Tensor
-@lowering(aten.hardswish.default)
-def hardswish(lw, x):
-    return unary(lw, "HARD_SWISH", x)
-
-
-# hardsigmoid(Tensor self) -> Tensor: relu6(x + 3) / 6, the RELU6 fused into the ADD, or (as
-# in MobileNetV3's squeeze-excite) the +3 folded into the producing conv's bias and the RELU6
-# fused into that conv
-@lowering(aten.hardsigmoid.default)
-def hardsigmoid(lw, x):
-    t = _shift_into_bias(lw, x, 3.0, RELU6)
-    if t is not None:
-        return binary(lw, "MUL", t, 1.0 / 6.0, kind="Mul")
-    t = lw.op("ADD", [lw.tensor(x), lw.tensor(lw.const(np.array(3.0, x.dtype)))], x.shape, x.dtype, x.perm,
-              lw.options("Add", fusedActivationFunction=RELU6), suffix="plus3")
-    return binary(lw, "MUL", t, 1.0 / 6.0, kind="Mul")
-
-
-def _shift_into_bias(lw, x: Val, shift: float, act: int) -> Val | None:
-    """act(x + shift) when x's only reader is this op and its producer is a conv or dense
-    layer with a constant bias and no activation yet: the shift goes into a copy of the bias,
-    the activation into the op. None when it cannot."""
-    o = x.producer
-    if o is None or x.users != 1 or x.is_const or x.layouts or x.dtype != np.float32:
-        return None
-    codes = schema().BuiltinOperator
-    if lw.model.builtin_code(o.opcodeIndex) not in (codes.CONV_2D, codes.DEPTHWISE_CONV_2D, codes.FULLY_CONNECTED):
-        return None
-    if getattr(o.builtinOptions, "fusedActivationFunction", None) != 0 or len(o.inputs) < 3 or o.inputs[2] < 0:
-        return None
-    bt = lw.sg.tensors[o.inputs[2]]
-    data = lw.model.buffers[bt.buffer].data
-    if not data or bt.type != 0:  # float32 constant
-        return None
-    bias = np.frombuffer(data, np.float32).reshape(bt.shape) + np.float32(shift)
-    o.inputs[2] = lw.const_tensor(bias, name=lw.name("bias"))
-    o.builtinOptions.fusedActivationFunction = act
-    return Val(x.shape, x.dtype, x.perm, tensor=x.tensor)
-
-
-# prelu / _prelu_kernel(Tensor self, Tensor weight) -> Tensor
-@lowering(aten._prelu_kernel.default)
-def prelu(lw, x, w):
-    return binary(lw, "PRELU", x, w)
-
-
-# softplus(Tensor self, Scalar beta=1, Scalar threshold=20) -> Tensor
-@lowering(aten.softplus.default)
-def softplus(lw, x, beta=1.0, threshold=20.0):
-    bx = binary(lw, "MUL", x, float(beta), kind="Mul") if beta != 1 else x
-    sp = unary(lw, "LOG", binary(lw, "ADD", unary(lw, "EXP", bx), 1.0, kind="Add"))
-    if beta != 1:
-        sp = binary(lw, "DIV", sp, float(beta), kind="Div")
-    big = binary(lw, "GREATER", bx, float(threshold), dtype=x.dtype)
-    return lw.op("SELECT_V2", [lw.tensor(big), lw.tensor(x), lw.tensor(sp)], x.shape, x.dtype, x.perm)
-
-
-# ---------------------------------------------------------------- comparisons and selection
-
-_COMPARE = {
-    (aten.eq.Tensor, aten.eq.Scalar): "EQUAL", (aten.ne.Tensor, aten.ne.Scalar): "NOT_EQUAL",
-    (aten.lt.Tensor, aten.lt.Scalar): "LESS", (aten.le.Tensor, aten.le.Scalar): "LESS_EQUAL",
-    (aten.gt.Tensor, aten.gt.Scalar): "GREATER", (aten.ge.Tensor, aten.ge.Scalar): "GREATER_EQUAL",
-}
-
-
-def _register_compare(targets, op):
-    # eq/ne/lt/le/gt/ge.Tensor(Tensor self, Tensor other) -> Tensor ; .Scalar(Tensor self, Scalar other)
-    @lowering(*targets)
-    def lower_compare(lw, a, b):
-        return binary(lw, op, a, b, dtype=promote(a, b))
-
-    lower_compare.__name__ = f"lower_{op.lower()}"
-
-
-for _ts, _op in _COMPARE.items():
-    _register_compare(_ts, _op)
-
-
-def _bool(lw, x):
-    return x if x.dtype == np.bool_ else binary(lw, "NOT_EQUAL", x, 0, dtype=x.dtype, shape=x.shape)
-
-
-# logical_and / logical_or (Tensor self, Tensor other) -> Tensor
-@lowering(aten.logical_and.default, aten.bitwise_and.Tensor)
-@supported_if(lambda n: n.target == aten.logical_and.default or n.meta["val"].dtype == torch.bool)
-def logical_and(lw, a, b):
-    return binary(lw, "LOGICAL_AND", _bool(lw, a), _bool(lw, b))
-
-
-@lowering(aten.logical_or.default, aten.bitwise_or.Tensor)
-@supported_if(lambda n: n.target == aten.logical_or.default or n.meta["val"].dtype == torch.bool)
-def logical_or(lw, a, b):
-    return binary(lw, "LOGICAL_OR", _bool(lw, a), _bool(lw, b))
-
-
-# where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
-@lowering(aten.where.self)
-def where(lw, cond, a, b):
+# fmod.Tensor(Tensor self, Tensor other) -> Tensor ; fmod.Scalar(Tensor self, Scalar other) -> Tensor
+# a - b * trunc(a / b): integer DIV truncates already; for floats trunc = floor or ceil by sign
+@lowering(aten.fmod.Tensor, aten.fmod.Scalar)
+def fmod(lw, a, b):
     dtype = lw.out_dtype
-    shape = lw.out_shape
-    vals = [cond, lw.cast(as_val(lw, a, dtype), dtype), lw.cast(as_val(lw, b, dtype), dtype)]
-    perm = ref_perm(vals, len(shape))
-    ins = [operand(lw, v, len(shape), perm) for v in vals]
-    return lw.op("SELECT_V2", ins, shape, dtype, perm)
+    q = binary(lw, "DIV", a, b)
+    if dtype.kind == "f":
+        neg = binary(lw, "LESS", q, 0.0, dtype=dtype, shape=q.shape)
+        fl, ce = unary(lw, "FLOOR", q), unary(lw, "CEIL", q)
+        q = lw.op("SELECT_V2", [lw.tensor(neg), lw.tensor(ce), lw.tensor(fl, ce.perm)], q.shape, dtype, ce.perm)
+    return binary(lw, "SUB", a, binary(lw, "MUL", q, b))
 
 
-# masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
-@lowering(aten.masked_fill.Scalar)
-def masked_fill(lw, x, mask, value):
-    return where(lw, mask, value, x)
+def _f(lw, x):
+    """x in the node's float output dtype (integer inputs of trig ops promote to float)."""
+    return lw.cast(x, lw.out_dtype)
 
 
-# ---------------------------------------------------------------- copies and casts
-
-# clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor ; alias/detach/lift_fresh_copy
-@lowering(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
-def clone(lw, x, *_):
-    return lw.alias(x)
+def _one_minus_sq(lw, x):
+    # (1 - x)(1 + x) rather than 1 - x*x: no cancellation near |x| = 1
+    s = x.shape
+    return binary(lw, "MUL", binary(lw, "SUB", 1.0, x, shape=s), binary(lw, "ADD", x, 1.0, shape=s), shape=s)
 
 
-# _to_copy(Tensor self, *, ScalarType? dtype=None, ...) -> Tensor
-@lowering(aten._to_copy.default)
-def to_copy(lw, x, *_):
-    dtype = lw.out_dtype
-    if dtype == x.dtype:
+# atan2(Tensor self, Tensor other) -> Tensor   (the ATAN2 kernel does not broadcast)
+@lowering(aten.atan2.default)
+@supported_if(lambda n: n.args[0].meta["val"].shape == n.args[1].meta["val"].shape)
+def atan2(lw, y, x):
+    return binary(lw, "ATAN2", y, x)
+
+
+# atan(Tensor self) -> Tensor: ATAN2(x, ZEROS_LIKE(x) + 1) (the ATAN2 kernel does not broadcast)
+@lowering(aten.atan.default)
+def atan(lw, x):
+    x = _f(lw, x)
+    zeros = lw.op("ZEROS_LIKE", [lw.tensor(x)], x.shape, x.dtype, x.perm, suffix="zeros")
+    ones = binary(lw, "ADD", zeros, 1.0, shape=x.shape)
+    return binary(lw, "ATAN2", x, ones, shape=x.shape)
+
+
+# asin(Tensor self) -> Tensor: ATAN2(x, sqrt(1 - x^2))
+@lowering(aten.asin.default)
+def asin(lw, x):
+    x = _f(lw, x)
+    return binary(lw, "ATAN2", x, unary(lw, "SQRT", _one_minus_sq(lw, x)), shape=x.shape)
+
+
+# acos(Tensor self) -> Tensor: ATAN2(sqrt(1 - x^2), x)
+@lowering(aten.acos.default)
+def acos(lw, x):
+    x = _f(lw, x)
+    return binary(lw, "ATAN2", unary(lw, "SQRT", _one_minus_sq(lw, x)), x, shape=x.shape)
+
+
+# tan(Tensor self) -> Tensor: SIN / COS
+@lowering(aten.tan.default)
+def tan(lw, x):
+    x = _f(lw, x)
+    return binary(lw, "DIV", unary(lw, "SIN", x), unary(lw, "COS", x), shape=x.shape)
+
+
+def _exp_pair(lw, x):
+    return unary(lw, "EXP", x), unary(lw, "EXP", unary(lw, "NEG", x))
+
+
+# sinh(Tensor self) -> Tensor: (e^x - e^-x) / 2
+@lowering(aten.sinh.default)
+def sinh(lw, x):
+    x = _f(lw, x)
+    ep, en = _exp_pair(lw, x)
+    return binary(lw, "MUL", binary(lw, "SUB", ep, en, shape=x.shape), 0.5, shape=x.shape)
+
+
+# cosh(Tensor self) -> Tensor: (e^x + e^-x) / 2
+@lowering(aten.cosh.default)
+def cosh(lw, x):
+    x = _f(lw, x)
+    ep, en = _exp_pair(lw, x)
+    return binary(lw, "MUL", binary(lw, "ADD", ep, en, shape=x.shape), 0.5, shape=x.shape)
+
+
+# asinh(Tensor self) -> Tensor: sign(x) * log(|x| + sqrt(x^2 + 1)) (odd form: no cancellation for x < 0)
+@lowering(aten.asinh.default)
+def asinh(lw, x):
+    x = _f(lw, x)
+    s = x.shape
+    ax = unary(lw, "ABS", x)
+    r = unary(lw, "SQRT", binary(lw, "ADD", unary(lw, "SQUARE", ax), 1.0, shape=s))
+    return binary(lw, "MUL", unary(lw, "SIGN", x), unary(lw, "LOG", binary(lw, "ADD", ax, r, shape=s)), shape=s)
+
+
+# acosh(Tensor self) -> Tensor: log(x + sqrt((x - 1)(x + 1)))
+@lowering(aten.acosh.default)
+def acosh(lw, x):
+    x = _f(lw, x)
+    s = x.shape
+    r = unary(lw, "SQRT", binary(lw, "MUL", binary(lw, "SUB", x, 1.0, shape=s), binary(lw, "ADD", x, 1.0, shape=s),
+                                 shape=s))
+    return unary(lw, "LOG", binary(lw, "ADD", x, r, shape=s))
+
+
+# atanh(Tensor self) -> Tensor: 0.5 * log((1 + x) / (1 - x))
+@lowering(aten.atanh.default)
+def atanh(lw, x):
+    x = _f(lw, x)
+    s = x.shape
+    q = binary(lw, "DIV", binary(lw, "ADD", x, 1.0, shape=s), binary(lw, "SUB", 1.0, x, shape=s), shape=s)
+    return binary(lw, "MUL", unary(lw, "LOG", q), 0.5, shape=s)
+
+
+# log2(Tensor self) -> Tensor ; log10(Tensor self) -> Tensor: LOG times 1/ln(base)
+@lowering(aten.log2.default)
+def log2(lw, x):
+    return binary(lw, "MUL", unary(lw, "LOG", _f(lw, x)), 1.0 / math.log(2.0), shape=x.shape)
+
+
+@lowering(aten.log10.default)
+def log10(lw, x):
+    return binary(lw, "MUL", unary(lw, "LOG", _f(lw, x)), 1.0 / math.log(10.0), shape=x.shape)
+
+
+# trunc(Tensor self) -> Tensor: FLOOR for x >= 0, CEIL below
+@lowering(aten.trunc.default)
+def trunc(lw, x):
+    if x.dtype.kind != "f":
         return lw.alias(x)
-    if dtype == np.bool_:
-        return binary(lw, "NOT_EQUAL", x, 0, dtype=x.dtype, shape=x.shape)
-    return lw.cast(x, dtype)
+    zero = lw.const(np.zeros((), x.dtype))
+    neg = lw.op("LESS", [lw.tensor(x), lw.tensor(zero)], x.shape, np.bool_, x.perm)
+    fl, ce = unary(lw, "FLOOR", x), unary(lw, "CEIL", x)
+    return lw.op("SELECT_V2", [lw.tensor(neg), lw.tensor(ce), lw.tensor(fl, ce.perm)], x.shape, x.dtype, ce.perm)

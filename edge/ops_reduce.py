@@ -1,93 +1,43 @@
-"""Reductions, arg-reductions, cumulative sums and top-k, on their input's layout (axes remapped)."""
+"""Reductions, arg-reductions, softmax, cumulative sums and top-k, on their input's layout (axes remapped).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from converter.registry import arguments
+
 from . import layout as L
-from .ops_elementwise import binary
+from .helpers import binary, reduce, reduce_dims, unary
 from .registry import lowering, supported_if
 from .values import Val
 
-__all__ = ["reduce"]
+__all__ = ["softmax"]
 
 aten = torch.ops.aten
+
+
 INT32 = 2  # TensorType.INT32
 
 
-def _dims(x, dim):
-    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
-        return list(range(x.rank))
-    if isinstance(dim, int):
-        dim = [dim]
-    return sorted({d % x.rank for d in dim})
+_REDUCER = {aten.mean.dim: "MEAN", aten.mean.default: "MEAN", aten.sum.dim_IntList: "SUM", aten.sum.default: "SUM",
+            aten.amax.default: "REDUCE_MAX", aten.max.default: "REDUCE_MAX", aten.amin.default: "REDUCE_MIN",
+            aten.min.default: "REDUCE_MIN", aten.prod.dim_int: "REDUCE_PROD", aten.prod.default: "REDUCE_PROD"}
 
 
-def reduce(lw, op, x: Val, dims, keepdim, dtype=None, shape=None) -> Val:
-    """``op`` (MEAN, SUM, REDUCE_MAX, ...) over logical ``dims`` of x in x's own layout."""
-    dtype = np.dtype(dtype or lw.out_dtype)
-    if x.dtype != dtype:
-        x = lw.cast(x, dtype)
-    axes = sorted(x.perm.index(d) for d in dims)
-    perm = x.perm if keepdim else L.drop_dims(x.perm, dims)
-    if shape is None:
-        shape = tuple(1 if i in dims else s for i, s in enumerate(x.shape)) if keepdim else \
-            tuple(s for i, s in enumerate(x.shape) if i not in dims)
-    ins = [lw.tensor(x), lw.const_tensor(axes, np.int32)]
-    return lw.op(op, ins, shape, dtype, perm, lw.options("Reducer", keepDims=bool(keepdim)))
-
-
-# mean.dim(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
-@lowering(aten.mean.dim)
-def mean(lw, x, dim=None, keepdim=False, *_):
-    return reduce(lw, "MEAN", x, _dims(x, dim), keepdim)
-
-
-# mean.default(Tensor self, *, ScalarType? dtype=None) -> Tensor
-@lowering(aten.mean.default)
-def mean_all(lw, x, *_):
-    return reduce(lw, "MEAN", x, _dims(x, None), False)
-
-
-# sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
-@lowering(aten.sum.dim_IntList)
-def sum_dim(lw, x, dim=None, keepdim=False, *_):
-    return reduce(lw, "SUM", x, _dims(x, dim), keepdim)
-
-
-# sum.default(Tensor self, *, ScalarType? dtype=None) -> Tensor
-@lowering(aten.sum.default)
-def sum_all(lw, x, *_):
-    return reduce(lw, "SUM", x, _dims(x, None), False)
-
-
-# amax(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor ; amin: the same
-@lowering(aten.amax.default)
-def amax(lw, x, dim=(), keepdim=False):
-    return reduce(lw, "REDUCE_MAX", x, _dims(x, dim), keepdim)
-
-
-@lowering(aten.amin.default)
-def amin(lw, x, dim=(), keepdim=False):
-    return reduce(lw, "REDUCE_MIN", x, _dims(x, dim), keepdim)
-
-
-# max.default(Tensor self) -> Tensor ; min.default
-@lowering(aten.max.default)
-def max_all(lw, x):
-    return reduce(lw, "REDUCE_MAX", x, _dims(x, None), False)
-
-
-@lowering(aten.min.default)
-def min_all(lw, x):
-    return reduce(lw, "REDUCE_MIN", x, _dims(x, None), False)
-
-
+# mean.dim / sum.dim_IntList(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
+# amax / amin(Tensor self, int[1] dim=[], bool keepdim=False) -> Tensor
 # prod.dim_int(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None) -> Tensor
-@lowering(aten.prod.dim_int)
-def prod(lw, x, dim, keepdim=False, *_):
-    return reduce(lw, "REDUCE_PROD", x, _dims(x, dim), keepdim)
+@lowering(aten.mean.dim, aten.sum.dim_IntList, aten.amax.default, aten.amin.default, aten.prod.dim_int)
+def reduce_dim(lw, x, dim=None, keepdim=False, *_):
+    return reduce(lw, _REDUCER[lw.node.target], x, reduce_dims(x, dim), keepdim)
+
+
+# mean / sum / prod.default(Tensor self, *, ScalarType? dtype=None) -> Tensor ; max / min.default(Tensor self)
+@lowering(aten.mean.default, aten.sum.default, aten.max.default, aten.min.default, aten.prod.default)
+def reduce_all(lw, x, *_):
+    return reduce(lw, _REDUCER[lw.node.target], x, reduce_dims(x, None), False)
 
 
 # any.dim(Tensor self, int dim, bool keepdim=False) -> Tensor ; any.dims ; any.default
@@ -95,14 +45,14 @@ def prod(lw, x, dim, keepdim=False, *_):
 def any_(lw, x, dim=None, keepdim=False):
     if x.dtype != np.bool_:
         x = binary(lw, "NOT_EQUAL", x, 0, dtype=x.dtype, shape=x.shape)
-    return reduce(lw, "REDUCE_ANY", x, _dims(x, dim), keepdim, dtype=np.bool_)
+    return reduce(lw, "REDUCE_ANY", x, reduce_dims(x, dim), keepdim, dtype=np.bool_)
 
 
 # var.correction(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False) -> Tensor
 @lowering(aten.var.correction)
 @supported_if(lambda n: all(isinstance(d, int) for d in n.args[0].meta["val"].shape))
 def var(lw, x, dim=None, correction=None, keepdim=False):
-    dims = _dims(x, dim)
+    dims = reduce_dims(x, dim)
     n = int(np.prod([x.shape[d] for d in dims]))
     m = reduce(lw, "MEAN", x, dims, True)
     sq = lw.op("SQUARED_DIFFERENCE", [lw.tensor(x), lw.tensor(m)], x.shape, x.dtype, x.perm)
@@ -140,13 +90,13 @@ def argmin(lw, x, dim=None, keepdim=False):
 # max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices) ; min.dim
 @lowering(aten.max.dim)
 def max_dim(lw, x, dim, keepdim=False):
-    return (reduce(lw, "REDUCE_MAX", x, _dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
+    return (reduce(lw, "REDUCE_MAX", x, reduce_dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
             _arg(lw, "ARG_MAX", x, dim, keepdim, 1))
 
 
 @lowering(aten.min.dim)
 def min_dim(lw, x, dim, keepdim=False):
-    return (reduce(lw, "REDUCE_MIN", x, _dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
+    return (reduce(lw, "REDUCE_MIN", x, reduce_dims(x, dim), keepdim, shape=lw.out_shape, dtype=x.dtype),
             _arg(lw, "ARG_MIN", x, dim, keepdim, 1))
 
 
@@ -182,3 +132,34 @@ def topk(lw, x, k, dim=-1, largest=True, sorted=True):  # noqa: A002
 @lowering(aten.sort.default)
 def sort(lw, x, dim=-1, descending=False):
     return _topk(lw, x, x.shape[dim % x.rank], dim, descending)
+
+
+# linalg_vector_norm(Tensor self, Scalar ord=2, int[1]? dim=None, bool keepdim=False, *, ScalarType? dtype=None)
+@lowering(aten.linalg_vector_norm.default)
+@supported_if(lambda n: arguments(n)["ord"] in (1, 2, float("inf")))
+def vector_norm(lw, x, ord=2, dim=None, keepdim=False, *_):  # noqa: A002 - ATen's argument name
+    dims = reduce_dims(x, dim)
+    if ord == 2:
+        return unary(lw, "SQRT", reduce(lw, "SUM", unary(lw, "SQUARE", x), dims, keepdim))
+    if ord == 1:
+        return reduce(lw, "SUM", unary(lw, "ABS", x), dims, keepdim)
+    return reduce(lw, "REDUCE_MAX", unary(lw, "ABS", x), dims, keepdim)
+
+
+def softmax(lw, op, x: Val, dim: int) -> Val:
+    dim %= x.rank
+    x = lw.with_perm(x, L.last_dim_layout(x.perm, dim))
+    opts = lw.options("Softmax", beta=1.0) if op == "SOFTMAX" else lw.options("LogSoftmax")
+    return lw.op(op, [lw.tensor(x)], x.shape, x.dtype, x.perm, opts)
+
+
+# _softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+@lowering(aten._softmax.default)
+def _softmax(lw, x, dim, half_to_float=False):
+    return softmax(lw, "SOFTMAX", lw.cast(x, lw.out_dtype), dim)
+
+
+# _log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor
+@lowering(aten._log_softmax.default)
+def _log_softmax(lw, x, dim, half_to_float=False):
+    return softmax(lw, "LOG_SOFTMAX", lw.cast(x, lw.out_dtype), dim)

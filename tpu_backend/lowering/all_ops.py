@@ -1,20 +1,6 @@
-"""Imports every op module once, which registers its lowerings in JAX_LOWERINGS."""
+"""Imports every op module once (tpu_backend/lowering/ops_<family>.py for converter.registry's
+OP_FAMILIES, the same split as the edge backend's), which registers its lowerings in JAX_LOWERINGS."""
 
-from . import (  # noqa: F401
-    ops_activation,
-    ops_attention,
-    ops_conv,
-    ops_creation,
-    ops_elementwise,
-    ops_index,
-    ops_logical,
-    ops_nn,
-    ops_norm,
-    ops_pool,
-    ops_reduce,
-    ops_resize,
-    ops_sampling,
-    ops_shape,
-    ops_slice,
-    ops_symbolic,
-)
+from converter.registry import import_op_families
+
+import_op_families(__package__)

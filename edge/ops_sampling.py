@@ -1,20 +1,26 @@
 """grid_sampler_2d as GATHER_ND: the input laid out [N, H, W, C] is read at the (n, y, x) corners
 each grid point needs, and the corners are blended with their bilinear weights (or the nearest
-one taken). The result comes out [N, Ho, Wo, C], which is the output's channel-last layout."""
+one taken); the result comes out [N, Ho, Wo, C], the output's channel-last layout. cdist in its
+direct form.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from .helpers import NHWC, plain, reduce, static_out
 from .registry import lowering, supported_if
 from .values import Val
 
 __all__ = []
 
 aten = torch.ops.aten
-NHWC = (0, 2, 3, 1)
+
+
 _BILINEAR, _NEAREST = 0, 1
+
+
 _ZEROS, _BORDER = 0, 1
 
 
@@ -96,3 +102,24 @@ def grid_sampler_2d(lw, x, grid, interpolation_mode, padding_mode, align_corners
                  corner(y1, x0, f("MUL", wy1, wx0)), corner(y1, x1, f("MUL", wy1, wx1))]
         y = lw.op("ADD_N", [lw.tensor(p) for p in parts], phys, np.float32, suffix="gs_sum")
     return Val(out_shape, np.dtype(np.float32), NHWC, tensor=y.tensor)
+
+
+# _cdist_forward(Tensor x1, Tensor x2, float p, int? compute_mode) -> Tensor
+# |x1[..., i, None, :] - x2[..., None, j, :]| reduced over the last dim: the direct form
+# torch uses for small inputs (no |a|^2 + |b|^2 - 2ab cancellation).
+@lowering(aten._cdist_forward.default)
+@supported_if(lambda n: n.args[2] in (1.0, 2.0, float("inf")) and static_out(n))
+def cdist(lw, x1, x2, p, compute_mode=None):
+    a, b = plain(lw, x1), plain(lw, x2)
+    *batch, pn, m = a.shape
+    rn = b.shape[-2]
+    a = lw.reshape(a, [*batch, pn, 1, m])
+    b = lw.reshape(b, [*batch, 1, rn, m])
+    shape = (*batch, pn, rn, m)
+    d = lw.op("SUB", [lw.tensor(a), lw.tensor(b)], shape, a.dtype, opts=lw.options("Sub"), suffix="diff")
+    last = [len(shape) - 1]
+    if p == 2.0:
+        return lw.op("SQRT", [lw.tensor(reduce(lw, "SUM", lw.op("SQUARE", [lw.tensor(d)], shape, d.dtype), last,
+                                               False))], lw.out_shape, d.dtype)
+    ad = lw.op("ABS", [lw.tensor(d)], shape, d.dtype, suffix="abs")
+    return reduce(lw, "SUM" if p == 1.0 else "REDUCE_MAX", ad, last, False)

@@ -1,0 +1,367 @@
+"""Indexing, gathers and scatters. Gathers read in the input's layout where they can (a run of
+unit-step indices becomes SLICE + CONCATENATION). LiteRT's SCATTER_ND writes into zeros and sums
+duplicate indices, so a scatter into ``self`` is SELECT_V2(scattered mask, SCATTER_ND(updates),
+self), and an accumulating one is ADD(self, SCATTER_ND(updates)); scatter_reduce goes through
+UNSORTED_SEGMENT_{SUM,PROD,MAX,MIN}. Static index shapes only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from converter.registry import arguments
+
+from . import layout as L
+from .helpers import plain, ref_perm
+from .ops_logical import where
+from .ops_slice import strided_slice
+from .registry import lowering, supported_if
+from .values import Val
+
+__all__ = []
+
+aten = torch.ops.aten
+
+
+# masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor
+@lowering(aten.masked_fill.Scalar)
+def masked_fill(lw, x, mask, value):
+    return where(lw, mask, value, x)
+
+
+# index_select(Tensor self, int dim, Tensor index) -> Tensor
+@lowering(aten.index_select.default)
+def index_select(lw, x, dim, index):
+    dim %= x.rank
+    runs = _unit_runs(index, x.shape[dim])
+    if runs is not None:  # torch.roll decomposes to a constant rotation index: slices beat GATHER
+        return _slices_concat(lw, x, dim, runs)
+    return _gather(lw, x, dim, index)
+
+
+def _unit_runs(index, n, most: int = 2):
+    """A constant 1-D index made of at most ``most`` ascending unit-step runs (a rotation, as
+    torch.roll's decomposition gives): [(start, stop), ...]; otherwise None."""
+    if n is None or not index.is_const or index.rank != 1 or index.shape[0] == 0:
+        return None
+    idx = np.asarray(index.const).astype(np.int64)
+    if idx.min() < 0 or idx.max() >= n:
+        return None
+    breaks = np.nonzero(np.diff(idx) != 1)[0] + 1
+    if len(breaks) + 1 > most:
+        return None
+    return [(int(r[0]), int(r[-1]) + 1) for r in np.split(idx, breaks)]
+
+
+def _slices_concat(lw, x, dim, runs):
+    shape = lw.out_shape
+    if runs == [(0, x.shape[dim])]:
+        return lw.alias(x)
+    parts = []
+    for start, stop in runs:
+        part_shape = list(shape)
+        part_shape[dim] = stop - start
+        parts.append(strided_slice(lw, x, {dim: (start, stop, 1)}, out_shape=tuple(part_shape)))
+    if len(parts) == 1:
+        return parts[0]
+    opts = lw.options("Concatenation", axis=x.perm.index(dim), fusedActivationFunction=0)
+    return lw.op("CONCATENATION", [lw.tensor(p, x.perm) for p in parts], shape, x.dtype, x.perm, opts)
+
+
+def _gather(lw, x, dim, index):
+    shape = lw.out_shape
+    idx = lw.cast(index, np.int32)
+    if idx.rank == 1:
+        perm = x.perm
+        axis = perm.index(dim)
+    else:  # the index's dims replace ``dim``: run in the plain layout
+        x = lw.with_perm(x, L.identity(x.rank))
+        perm, axis = L.identity(len(shape)), dim
+    ins = [lw.tensor(x), lw.tensor(idx, L.identity(idx.rank))]
+    return lw.op("GATHER", ins, shape, x.dtype, perm, lw.options("Gather", axis=axis))
+
+
+# index.Tensor(Tensor self, Tensor?[] indices) -> Tensor
+@lowering(aten.index.Tensor)
+@supported_if(lambda n: _index_form(n.args[1]) is not None)
+def index(lw, x, indices):
+    kind, pos = _index_form(indices)
+    if kind == "one":
+        return _gather(lw, x, pos, indices[pos])
+    # several index tensors from dim 0: GATHER_ND over their broadcast coordinates
+    shape = lw.out_shape
+    k = len(indices)
+    bshape = shape[: len(shape) - (x.rank - k)]
+    cols = []
+    for ix in indices:
+        ix = lw.cast(ix, np.int32)
+        full = [1] * (len(bshape) - ix.rank) + list(ix.shape) + [1]
+        v = lw.const(ix.const.reshape(full)) if ix.is_const else lw.reshape(lw.with_perm(ix, L.identity(ix.rank)), full)
+        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(bshape) + [1], np.int32)],
+                          tuple(bshape) + (1,), np.int32, suffix="idx"))
+    coords = lw.op("CONCATENATION", [lw.tensor(c) for c in cols], tuple(bshape) + (k,), np.int32,
+                   opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
+    x = lw.with_perm(x, L.identity(x.rank))
+    return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype)
+
+
+def _index_form(indices):
+    present = [i for i, ix in enumerate(indices) if ix is not None]
+    if not present:
+        return None
+    for i in present:
+        v = indices[i].meta["val"] if isinstance(indices[i], torch.fx.Node) else indices[i]
+        if getattr(v, "dtype", None) in (torch.bool, torch.uint8):
+            return None  # boolean masks give data-dependent shapes
+    if len(present) == 1:
+        return "one", present[0]
+    if present == list(range(len(present))):
+        return "many", 0
+    return None
+
+
+# gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
+@lowering(aten.gather.default)
+@supported_if(lambda n: all(isinstance(d, int) for d in n.args[2].meta["val"].shape))
+def gather(lw, x, dim, index, sparse_grad=False):
+    dim %= x.rank
+    shape = tuple(index.shape)
+    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij")
+    idx = lw.cast(index, np.int32)
+    if idx.is_const:
+        grids[dim] = idx.const
+        coords = lw.const(np.stack(grids, -1))
+    else:
+        parts = [lw.const(g[..., None]) for g in grids]
+        parts[dim] = lw.reshape(lw.with_perm(idx, L.identity(idx.rank)), list(shape) + [1])
+        coords = lw.op("CONCATENATION", [lw.tensor(p) for p in parts], shape + (len(shape),), np.int32,
+                       opts=lw.options("Concatenation", axis=len(shape)), suffix="coords")
+    x = lw.with_perm(x, L.identity(x.rank))
+    return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype)
+
+
+# embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False)
+@lowering(aten.embedding.default)
+def embedding(lw, weight, indices, *_):
+    idx = lw.cast(indices, np.int32)
+    ins = [lw.tensor(weight, L.identity(2)), lw.tensor(idx, L.identity(idx.rank))]
+    return lw.op("GATHER", ins, lw.out_shape, weight.dtype, None, lw.options("Gather", axis=0))
+
+
+def _static_arg(i):
+    return lambda n: all(isinstance(d, int) for d in n.args[i].meta["val"].shape) and \
+        all(isinstance(d, int) for d in n.meta["val"].shape)
+
+
+def _scatter_nd(lw, coords: Val, updates: Val, shape, dtype) -> Val:
+    """SCATTER_ND of ``updates`` at ``coords`` ([..., k] int32) into zeros of ``shape`` (plain layout)."""
+    ins = [lw.tensor(plain(lw, coords)), lw.tensor(plain(lw, lw.cast(updates, dtype))),
+           lw.const_tensor(list(shape), np.int32)]
+    return lw.op("SCATTER_ND", ins, tuple(shape), dtype, suffix="scatter")
+
+
+def _write(lw, x: Val, coords: Val, updates: Val, accumulate: bool) -> Val:
+    """x with ``updates`` written (or added) at ``coords``; runs in the plain layout."""
+    x = plain(lw, x)
+    dtype = x.dtype
+    scattered = _scatter_nd(lw, coords, updates, x.shape, dtype)
+    if accumulate:
+        return lw.op("ADD", [lw.tensor(x), lw.tensor(scattered)], x.shape, dtype, opts=lw.options("Add"))
+    ones = lw.const(np.ones(updates.shape, np.int32))
+    hits = _scatter_nd(lw, coords, ones, x.shape, np.dtype(np.int32))
+    mask = lw.op("GREATER", [lw.tensor(hits), lw.const_tensor(np.array(0, np.int32))], x.shape, np.bool_,
+                 suffix="mask")
+    return lw.op("SELECT_V2", [lw.tensor(mask), lw.tensor(scattered), lw.tensor(x)], x.shape, dtype)
+
+
+def _dim_coords(lw, index: Val, dim: int) -> Val:
+    """[*index.shape, rank] coordinates of scatter/gather along ``dim``: the index there, the
+    position elsewhere."""
+    shape = tuple(index.shape)
+    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij")
+    idx = lw.cast(index, np.int32)
+    if idx.is_const:
+        grids[dim] = idx.const
+        return lw.const(np.stack(grids, -1))
+    parts = [lw.const(g[..., None]) for g in grids]
+    parts[dim] = lw.reshape(plain(lw, idx), list(shape) + [1])
+    return lw.op("CONCATENATION", [lw.tensor(plain(lw, p)) for p in parts], shape + (len(shape),), np.int32,
+                 opts=lw.options("Concatenation", axis=len(shape)), suffix="coords")
+
+
+def _src_part(lw, src: Val, shape) -> Val:
+    if tuple(src.shape) == tuple(shape):
+        return src
+    return strided_slice(lw, src, {d: (0, s, 1) for d, s in enumerate(shape)}, out_shape=tuple(shape))
+
+
+# scatter.src(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+@lowering(aten.scatter.src)
+@supported_if(_static_arg(2))
+def scatter_src(lw, x, dim, index, src):
+    dim %= x.rank
+    return _write(lw, x, _dim_coords(lw, index, dim), _src_part(lw, src, index.shape), False)
+
+
+# scatter.value(Tensor self, int dim, Tensor index, Scalar value) -> Tensor
+@lowering(aten.scatter.value)
+@supported_if(_static_arg(2))
+def scatter_value(lw, x, dim, index, value):
+    dim %= x.rank
+    return _write(lw, x, _dim_coords(lw, index, dim), lw.const(np.full(index.shape, value, x.dtype)), False)
+
+
+# scatter_add(Tensor self, int dim, Tensor index, Tensor src) -> Tensor
+@lowering(aten.scatter_add.default)
+@supported_if(_static_arg(2))
+def scatter_add(lw, x, dim, index, src):
+    dim %= x.rank
+    return _write(lw, x, _dim_coords(lw, index, dim), _src_part(lw, src, index.shape), True)
+
+
+def _index_put_form(n):
+    indices = n.args[1]
+    present = [i for i, ix in enumerate(indices) if ix is not None]
+    if not present or present != list(range(len(present))) or len(present) != len(indices):
+        return False
+    vals = [ix.meta["val"] for ix in indices]
+    if any(v.dtype in (torch.bool, torch.uint8) for v in vals):
+        return False  # boolean masks give data-dependent shapes
+    return all(isinstance(d, int) for v in vals + [n.args[2].meta["val"], n.meta["val"]] for d in v.shape)
+
+
+# index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
+# Index tensors on the leading dims: their broadcast coordinates feed SCATTER_ND.
+@lowering(aten.index_put.default)
+@supported_if(_index_put_form)
+def index_put(lw, x, indices, values, accumulate=False):
+    k = len(indices)
+    bshape = tuple(np.broadcast_shapes(*[tuple(ix.shape) for ix in indices]))
+    cols = []
+    for d, ix in enumerate(indices):
+        ix = plain(lw, lw.cast(ix, np.int32))
+        full = [1] * (len(bshape) - ix.rank) + list(ix.shape) + [1]
+        v = lw.reshape(ix, full)
+        # negative indices count from the end: FLOOR_MOD by the dim's size
+        v = lw.op("FLOOR_MOD", [lw.tensor(v), lw.const_tensor(np.array(x.shape[d], np.int32))], tuple(full),
+                  np.int32, suffix="wrap")
+        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(bshape) + [1], np.int32)],
+                          bshape + (1,), np.int32, suffix="idx"))
+    coords = cols[0] if k == 1 else lw.op("CONCATENATION", [lw.tensor(c) for c in cols], bshape + (k,), np.int32,
+                                          opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
+    ushape = bshape + tuple(x.shape[k:])
+    vals = plain(lw, lw.cast(values, x.dtype))
+    if tuple(vals.shape) != ushape:
+        if vals.rank < len(ushape):
+            vals = lw.reshape(vals, [1] * (len(ushape) - vals.rank) + list(vals.shape))
+        vals = lw.op("BROADCAST_TO", [lw.tensor(vals), lw.const_tensor(list(ushape), np.int32)], ushape, x.dtype,
+                     suffix="values")
+    return _write(lw, x, coords, vals, bool(accumulate))
+
+
+# slice_scatter(Tensor self, Tensor src, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1)
+# CONCATENATION(self, src) along dim, then one GATHER with a constant index picking src's rows
+# at the sliced positions and self's elsewhere.
+@lowering(aten.slice_scatter.default)
+@supported_if(lambda n: all(isinstance(d, int) for d in n.meta["val"].shape)
+              and all(not isinstance(arguments(n)[k], torch.fx.Node) for k in ("start", "end", "step")))
+def slice_scatter(lw, x, src, dim=0, start=None, end=None, step=1):
+    dim %= x.rank
+    n = x.shape[dim]
+    pos = list(range(n))[slice(start, end, step)]
+    order = np.arange(n, dtype=np.int32)
+    order[pos] = n + np.arange(len(pos), dtype=np.int32)
+    dtype = lw.out_dtype
+    perm = ref_perm([x, src], x.rank)
+    both_shape = tuple(s + (src.shape[dim] if d == dim else 0) for d, s in enumerate(x.shape))
+    both = lw.op("CONCATENATION", [lw.tensor(lw.cast(x, dtype), perm), lw.tensor(lw.cast(src, dtype), perm)],
+                 both_shape, dtype, perm, lw.options("Concatenation", axis=perm.index(dim)), suffix="both")
+    return lw.op("GATHER", [lw.tensor(both), lw.const_tensor(order)], x.shape, dtype, perm,
+                 lw.options("Gather", axis=perm.index(dim)))
+
+
+# masked_scatter(Tensor self, Tensor mask, Tensor source) -> Tensor
+# The k-th True position takes source.flatten()[k]: k = CUMSUM(mask) - 1, then GATHER and SELECT_V2.
+@lowering(aten.masked_scatter.default)
+@supported_if(lambda n: all(isinstance(d, int) for a in n.args for d in a.meta["val"].shape))
+def masked_scatter(lw, x, mask, source):
+    x = plain(lw, x)
+    size = int(np.prod(x.shape))
+    m = plain(lw, mask)
+    if tuple(m.shape) != tuple(x.shape):
+        if m.rank < x.rank:
+            m = lw.reshape(m, [1] * (x.rank - m.rank) + list(m.shape))
+        m = lw.op("BROADCAST_TO", [lw.tensor(m), lw.const_tensor(list(x.shape), np.int32)], x.shape, np.bool_,
+                  suffix="mask")
+    flat = lw.reshape(lw.cast(m, np.int32), [size])
+    csum = lw.op("CUMSUM", [lw.tensor(flat), lw.const_tensor(np.array(0, np.int32))], (size,), np.int32,
+                 opts=lw.options("Cumsum"), suffix="count")
+    k = lw.op("SUB", [lw.tensor(csum), lw.const_tensor(np.array(1, np.int32))], (size,), np.int32,
+              opts=lw.options("Sub"), suffix="k")
+    k = lw.op("MAXIMUM", [lw.tensor(k), lw.const_tensor(np.array(0, np.int32))], (size,), np.int32, suffix="k0")
+    src = lw.reshape(plain(lw, lw.cast(source, x.dtype)), [int(np.prod(source.shape))])
+    picked = lw.op("GATHER", [lw.tensor(src), lw.tensor(k)], (size,), x.dtype, opts=lw.options("Gather", axis=0))
+    picked = lw.reshape(picked, list(x.shape))
+    return lw.op("SELECT_V2", [lw.tensor(m), lw.tensor(picked), lw.tensor(x)], x.shape, x.dtype)
+
+
+_SEGMENT_OP = {"sum": "UNSORTED_SEGMENT_SUM", "mean": "UNSORTED_SEGMENT_SUM", "prod": "UNSORTED_SEGMENT_PROD",
+               "amax": "UNSORTED_SEGMENT_MAX", "amin": "UNSORTED_SEGMENT_MIN"}
+
+
+_COMBINE = {"sum": "ADD", "prod": "MUL", "amax": "MAXIMUM", "amin": "MINIMUM"}
+
+
+def _supported(n):
+    x, index = n.args[0].meta["val"], n.args[2].meta["val"]
+    reduce = n.args[4]
+    static = all(isinstance(d, int) for d in tuple(x.shape) + tuple(index.shape))
+    return static and reduce in _SEGMENT_OP and (reduce != "mean" or x.dtype.is_floating_point)
+
+
+def _segment(lw, op, data: Val, ids: Val, size: int) -> Val:
+    ins = [lw.tensor(data), lw.tensor(ids), lw.const_tensor(np.array([size], np.int32))]
+    return lw.op(op, ins, (size,), data.dtype, suffix="segment")
+
+
+# scatter_reduce.two(Tensor self, int dim, Tensor index, Tensor src, str reduce, *, bool include_self=True)
+@lowering(aten.scatter_reduce.two)
+@supported_if(_supported)
+def scatter_reduce(lw, x, dim, index, src, reduce, include_self=True):
+    dim %= x.rank
+    x = plain(lw, x)
+    size = int(np.prod(x.shape))
+    ishape = tuple(index.shape)
+    k = int(np.prod(ishape))
+    strides = [int(np.prod(x.shape[d + 1:])) for d in range(x.rank)]
+    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in ishape], indexing="ij")
+    base = sum(g * st for d, (g, st) in enumerate(zip(grids, strides)) if d != dim).astype(np.int32)
+    # flat target = index * stride(dim) + the other coordinates' part
+    idx = lw.reshape(plain(lw, lw.cast(index, np.int32)), [k])
+    ids = lw.op("MUL", [lw.tensor(idx), lw.const_tensor(np.array(strides[dim], np.int32))], (k,), np.int32,
+                opts=lw.options("Mul"), suffix="ids")
+    ids = lw.op("ADD", [lw.tensor(ids), lw.const_tensor(base.reshape(k))], (k,), np.int32, opts=lw.options("Add"),
+                suffix="ids")
+    data = lw.reshape(plain(lw, lw.cast(_src_part(lw, src, ishape), x.dtype)), [k])
+    seg = lw.reshape(_segment(lw, _SEGMENT_OP[reduce], data, ids, size), list(x.shape))
+    count = lw.reshape(_segment(lw, "UNSORTED_SEGMENT_SUM", lw.const(np.ones(k, x.dtype)), ids, size),
+                       list(x.shape))
+    if reduce == "mean":
+        total, n = seg, count
+        if include_self:
+            total = lw.op("ADD", [lw.tensor(x), lw.tensor(seg)], x.shape, x.dtype, opts=lw.options("Add"))
+            n = lw.op("ADD", [lw.tensor(count), lw.const_tensor(np.array(1, x.dtype))], x.shape, x.dtype,
+                      opts=lw.options("Add"))
+        else:  # untouched positions keep self below; keep their division finite
+            n = lw.op("MAXIMUM", [lw.tensor(count), lw.const_tensor(np.array(1, x.dtype))], x.shape, x.dtype)
+        combined = lw.op("DIV", [lw.tensor(total), lw.tensor(n)], x.shape, x.dtype, opts=lw.options("Div"))
+    elif include_self:
+        kind = {"ADD": "Add", "MUL": "Mul"}.get(_COMBINE[reduce])
+        combined = lw.op(_COMBINE[reduce], [lw.tensor(x), lw.tensor(seg)], x.shape, x.dtype,
+                         opts=lw.options(kind) if kind else None)
+    else:
+        combined = seg
+    hit = lw.op("GREATER", [lw.tensor(count), lw.const_tensor(np.array(0, x.dtype))], x.shape, np.bool_,
+                suffix="hit")
+    return lw.op("SELECT_V2", [lw.tensor(hit), lw.tensor(combined), lw.tensor(x)], x.shape, x.dtype)

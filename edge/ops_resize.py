@@ -1,0 +1,39 @@
+"""Upsampling: RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR, channel-last (NHWC).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .helpers import NHWC
+from .registry import lowering, supported_if
+
+__all__ = []
+
+aten = torch.ops.aten
+
+
+def _resize_support(n):
+    x = n.args[0].meta["val"]
+    return x.dim() == 4 and all(isinstance(d, int) for d in n.meta["val"].shape[2:])
+
+
+# upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
+@lowering(aten.upsample_bilinear2d.vec)
+@supported_if(_resize_support)
+def upsample_bilinear2d(lw, x, output_size, align_corners, scale_factors=None):
+    out = lw.out_shape
+    ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
+    opts = lw.options("ResizeBilinear", alignCorners=bool(align_corners), halfPixelCenters=not align_corners)
+    return lw.op("RESIZE_BILINEAR", ins, out, x.dtype, NHWC, opts, version=1 if align_corners else 3)
+
+
+# upsample_nearest2d.vec(Tensor input, SymInt[]? output_size, float[]? scale_factors) -> Tensor
+@lowering(aten.upsample_nearest2d.vec)
+@supported_if(_resize_support)
+def upsample_nearest2d(lw, x, output_size, scale_factors=None):
+    out = lw.out_shape
+    ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
+    opts = lw.options("ResizeNearestNeighbor", alignCorners=False, halfPixelCenters=False)
+    return lw.op("RESIZE_NEAREST_NEIGHBOR", ins, out, x.dtype, NHWC, opts)

@@ -1,0 +1,208 @@
+"""Slices, pads, flips and rolls, in the input's layout with remapped axes. A static slice is
+SLICE (XNNPACK delegates it) with RESHAPEs for steps and dropped dims.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from converter.registry import arguments
+
+from . import layout as L
+from .registry import lowering, supported_if
+from .values import Val
+
+__all__ = ["strided_slice", "pad_value"]
+
+aten = torch.ops.aten
+
+
+_BIG = 2**31 - 1
+
+
+def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
+    """x[specs] in x's own layout: specs maps logical dim -> (start, end, step); ``shrink``
+    dims are selected (start only) and dropped. A static slice is written as SLICE (with
+    RESHAPEs around it for steps and dropped dims), because XNNPACK delegates SLICE and
+    RESHAPE but not a STRIDED_SLICE with a step > 1 or a shrink mask: each such op splits
+    the delegated graph and runs on the slower builtin kernel between partitions."""
+    shape = lw.out_shape if out_shape is None else out_shape
+    perm = L.drop_dims(x.perm, shrink) if shrink else x.perm
+    axes = _slice_axes(x, specs, shrink)
+    if axes is not None:
+        return _slice_views(lw, x, axes, shape, perm)
+    begin, end, strides = [], [], []
+    bmask = emask = smask = 0
+    for i, d in enumerate(x.perm):
+        if d not in specs:
+            begin.append(0); end.append(0); strides.append(1)
+            bmask |= 1 << i
+            emask |= 1 << i
+            continue
+        s, e, st = specs[d]
+        n = x.shape[d]
+        s = 0 if s is None else int(s)
+        if n is not None and s < 0:
+            s = max(s + n, 0)
+        if d in shrink:
+            begin.append(s); strides.append(1)
+            if s == -1:
+                end.append(0); emask |= 1 << i
+            else:
+                end.append(s + 1)
+            smask |= 1 << i
+            continue
+        if e is None or e >= _BIG or (n is not None and e >= n):
+            end.append(0); emask |= 1 << i
+        else:
+            e = int(e)
+            end.append(max(e + n, 0) if (n is not None and e < 0) else e)
+        begin.append(s); strides.append(int(st))
+    ins = [lw.tensor(x)] + [lw.const_tensor(a, np.int32) for a in (begin, end, strides)]
+    opts = lw.options("StridedSlice", beginMask=bmask, endMask=emask, shrinkAxisMask=smask)
+    version = 4 if x.rank > 4 else 1
+    return lw.op("STRIDED_SLICE", ins, shape, x.dtype, perm, opts, version=version)
+
+
+def _slice_axes(x: Val, specs: dict, shrink) -> list | None:
+    """The slice as [(extent, begin, size)] over x's physical tensor, with a stepped dim split
+    into (extent / step, step) so that every axis is a unit-step window; once a split needs a
+    RESHAPE anyway (or the rank is over SLICE's 5), size-1 axes are dropped and adjacent axes
+    merged where the window stays contiguous. None when it needs STRIDED_SLICE (dynamic or empty
+    sizes, a step that does not divide its dim, more than 5 axes left)."""
+    if not x.static:
+        return None
+    axes = []
+    for d in x.perm:
+        n = x.shape[d]
+        if d not in specs:
+            axes.append((n, 0, n))
+            continue
+        s, e, st = specs[d]
+        s = 0 if s is None else int(s)
+        if d in shrink:
+            i = s + n if s < 0 else s
+            if not 0 <= i < n:
+                return None
+            axes.append((n, i, 1))
+            continue
+        r = range(n)[slice(s, None if e is None or e >= _BIG else int(e), int(st))]
+        if len(r) == 0 or r.step < 1:
+            return None
+        if r.step == 1 or len(r) == 1:
+            axes.append((n, r.start, len(r)))
+        elif n % r.step == 0:  # element q*step + rem for q in [start // step, +len): two unit-step axes
+            axes += [(n // r.step, r.start // r.step, len(r)), (r.step, r.start % r.step, 1)]
+        else:
+            return None
+    if len(axes) == x.rank and x.rank <= 5:
+        return axes  # no step split: slice the tensor as it is, no RESHAPE in front
+    merged = []
+    for n, b, k in axes:
+        if n == 1:
+            continue
+        if merged and k == n:  # a whole inner axis extends the outer window contiguously
+            pn, pb, pk = merged[-1]
+            merged[-1] = (pn * n, pb * n, pk * n)
+        else:
+            merged.append((n, b, k))
+    return merged if len(merged) <= 5 else None
+
+
+def _slice_views(lw, x: Val, axes, shape, perm) -> Val:
+    """RESHAPE x's tensor to the window's axes, SLICE, RESHAPE to the result's physical shape."""
+    t = lw.tensor(x)
+    phys_out = tuple(shape[p] for p in perm)
+    if all(b == 0 and k == n for n, b, k in axes):
+        return lw.reshape(lw.alias(x), shape) if tuple(shape) != tuple(x.shape) else lw.alias(x)
+    t = lw.reshape_tensor(t, tuple(n for n, _, _ in axes), x.dtype)
+    size = tuple(k for _, _, k in axes)
+    ins = [t, lw.const_tensor([b for _, b, _ in axes], np.int32), lw.const_tensor(list(size), np.int32)]
+    if size == phys_out:
+        return lw.op("SLICE", ins, shape, x.dtype, perm, version=_slice_version(len(axes), x.dtype))
+    (t,), _ = lw.emit("SLICE", ins, [size], [x.dtype], suffix="slice", version=_slice_version(len(axes), x.dtype))
+    return lw.op("RESHAPE", [t, lw.const_tensor(list(phys_out), np.int32)], shape, x.dtype, perm)
+
+
+def _slice_version(rank, dtype) -> int:
+    if rank > 4:
+        return 5
+    return {np.dtype(np.int8): 2, np.dtype(np.int16): 4}.get(np.dtype(dtype), 1)
+
+
+# slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
+@lowering(aten.slice.Tensor)
+@supported_if(lambda n: all(not isinstance(arguments(n)[k], torch.fx.Node) for k in ("start", "end", "step")))
+def slice_(lw, x, dim=0, start=None, end=None, step=1):
+    dim %= x.rank
+    if (start in (None, 0)) and (end is None or end >= _BIG or end == x.shape[dim]) and step == 1:
+        return lw.alias(x)
+    return strided_slice(lw, x, {dim: (start, end, step)})
+
+
+# select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
+@lowering(aten.select.int)
+def select(lw, x, dim, index):
+    dim %= x.rank
+    return strided_slice(lw, x, {dim: (index, None, 1)}, shrink=(dim,))
+
+
+# constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
+@lowering(aten.constant_pad_nd.default)
+@supported_if(lambda n: all(isinstance(p, int) and p >= 0 for p in n.args[1]))
+def constant_pad_nd(lw, x, pad, value=0):
+    return pad_value(lw, x, _pairs(x.rank, pad), value)
+
+
+def _pairs(rank, pad):
+    pairs = [[0, 0] for _ in range(rank)]
+    for i in range(len(pad) // 2):
+        pairs[rank - 1 - i] = [pad[2 * i], pad[2 * i + 1]]
+    return pairs
+
+
+def pad_value(lw, x, pairs, value=0, shape=None, perm=None) -> Val:
+    """PAD (value 0) or PADV2 of x in layout ``perm`` (default its own); pairs per logical dim."""
+    perm = x.perm if perm is None else perm
+    phys = np.array([pairs[d] for d in perm], np.int32)
+    shape = lw.out_shape if shape is None else shape
+    ins = [lw.tensor(x, perm), lw.const_tensor(phys)]
+    version = 4 if x.rank > 4 else 1
+    if value == 0:
+        return lw.op("PAD", ins, shape, x.dtype, perm, version=version)
+    ins.append(lw.const_tensor(np.array(value, x.dtype)))
+    return lw.op("PADV2", ins, shape, x.dtype, perm, version=version)
+
+
+# reflection_pad{1,2}d(Tensor self, SymInt[] padding) -> Tensor
+@lowering(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
+def reflection_pad(lw, x, padding):
+    phys = np.array([_pairs(x.rank, padding)[d] for d in x.perm], np.int32)
+    return lw.op("MIRROR_PAD", [lw.tensor(x), lw.const_tensor(phys)], lw.out_shape, x.dtype, x.perm,
+                 lw.options("MirrorPad", mode=0))
+
+
+# flip(Tensor self, int[] dims) -> Tensor
+@lowering(aten.flip.default)
+def flip(lw, x, dims):
+    axes = [x.perm.index(d % x.rank) for d in dims]
+    return lw.op("REVERSE_V2", [lw.tensor(x), lw.const_tensor(axes, np.int32)], x.shape, x.dtype, x.perm)
+
+
+# roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor: two slices and a concat per dim
+@lowering(aten.roll.default)
+@supported_if(lambda n: len(arguments(n)["dims"]) > 0)
+def roll(lw, x, shifts, dims=()):
+    for s, d in zip(shifts, dims):
+        d %= x.rank
+        n = x.shape[d]
+        s %= n
+        if s == 0:
+            continue
+        shp = list(x.shape)
+        a = strided_slice(lw, x, {d: (n - s, None, 1)}, out_shape=tuple(shp[:d] + [s] + shp[d + 1:]))
+        b = strided_slice(lw, x, {d: (0, n - s, 1)}, out_shape=tuple(shp[:d] + [n - s] + shp[d + 1:]))
+        opts = lw.options("Concatenation", axis=x.perm.index(d))
+        x = lw.op("CONCATENATION", [lw.tensor(a), lw.tensor(b, a.perm)], x.shape, x.dtype, a.perm, opts)
+    return x
