@@ -399,14 +399,31 @@ class _Checker:
         if (offset or size) and offset + size > self.n:
             raise _Bad(f"{where} has custom options at offset {offset} (+{size}), past the end of the file")
 
+    def name(self, t, slot: int, what: str) -> str:
+        """A name a runtime looks things up by: the interpreter reads it as a C string, Python by its
+        length, so an embedded zero byte (or bytes that are not UTF-8) makes the two disagree."""
+        start, count = self.vector(t, slot, 1)
+        raw = bytes(self.b[start:start + count]) if start else b""
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if self.string(t, slot) is None or not raw or b"\0" in raw or text is None:
+            raise _Bad(f"{what} {raw[:40]!r} is not a usable name (empty, not UTF-8 or with a zero byte inside)")
+        return text
+
     def signature(self, sd, n_tensors: list) -> None:
-        key = self.string(sd, 2)
+        key = self.name(sd, 2, "a signature key")
         sg = self.scalar(sd, 4, "<I")
         if sg >= len(n_tensors):
             raise _Bad(f"signature {key!r} runs subgraph {sg}, but the model has {len(n_tensors)}")
         for slot in (0, 1):
+            seen = set()
             for tm in self.tables(sd, slot, f"signature {key!r} tensor"):
-                name = self.string(tm, 0)
+                name = self.name(tm, 0, f"signature {key!r}: an {('input', 'output')[slot]}")
+                if name in seen:
+                    raise _Bad(f"signature {key!r} names {('input', 'output')[slot]} {name!r} twice")
+                seen.add(name)
                 x = self.scalar(tm, 1, "<I")
                 if name is None or x >= n_tensors[sg]:
                     raise _Bad(f"signature {key!r}: {name!r} points at tensor {x}, but subgraph {sg} has {n_tensors[sg]}")

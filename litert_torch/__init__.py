@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError", "QuantConfig",
+__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError", "ModelRunError",
+           "SignatureNotFoundError", "QuantConfig",
            "QuantizationError", "TfliteFormatError"]
 
 _WHERE = {
@@ -19,6 +20,8 @@ _WHERE = {
     "Model": "_model",
     "load": "_model",
     "ModelExportError": "_model",
+    "ModelRunError": "_model",
+    "SignatureNotFoundError": "_model",
     "to_channel_last_io": "_channel_last",
 }
 # quantization and the .tflite check live in the edge backend; re-exported here

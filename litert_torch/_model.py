@@ -13,11 +13,22 @@ from converter.input_check import check_inputs
 
 from ._signatures import bind, quantize_floats, read_signatures
 
-__all__ = ["Model", "load", "ModelExportError"]
+__all__ = ["Model", "load", "ModelExportError", "ModelRunError", "SignatureNotFoundError"]
 
 
 class ModelExportError(OSError):
     """The .tflite could not be written where asked (nothing was left behind)."""
+
+
+class ModelRunError(RuntimeError):
+    """The LiteRT interpreter refused to prepare or run a signature; the message names the model and the signature."""
+
+
+class SignatureNotFoundError(KeyError):
+    """The model has no signature of that name; the message lists the ones it has."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""
 
 
 class Model:
@@ -28,6 +39,7 @@ class Model:
         from edge.tflite_check import TfliteFormatError, check_tflite
 
         self._data = bytes(tflite_model)
+        self._source = _source
         # the interpreter trusts the flatbuffer (a corrupt one can crash the process): refuse it first
         check_tflite(self._data, _source)
         self._interpreter = None
@@ -37,6 +49,11 @@ class Model:
         self._lock = threading.Lock()
         try:
             self._signatures = read_signatures(self._data)
+            for key, sig in self._signatures.items():
+                spec = sig.get("out_spec")
+                if spec is not None and spec.num_leaves != len(sig["outputs"]):
+                    raise ValueError(f"signature {key!r}: the output structure holds {spec.num_leaves} tensors, "
+                                     f"the signature {len(sig['outputs'])}")
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # its metadata is corrupt
             raise TfliteFormatError(f"{_source}: not a valid .tflite: its signature metadata is unreadable "
                                     f"({type(e).__name__}: {' '.join(str(e).split())[:160]}). Fix: convert the model "
@@ -67,14 +84,19 @@ class Model:
             if len(self._signatures) == 1 and signature_name == "serving_default":
                 signature_name = next(iter(self._signatures))
             else:
-                raise KeyError(f"no signature {signature_name!r}; this model has {sorted(self._signatures)}")
+                raise SignatureNotFoundError(f"no signature {signature_name!r}; this model has {sorted(self._signatures)}")
         sig = self._signatures[signature_name]
         flat = quantize_floats(sig, bind(signature_name, sig, args, kwargs))
         # the same check the TPU runtime runs (names, rank, dims and their ranges, dtype, embedding ids)
         arrays = check_inputs(signature_name, sig["specs"], flat, sig["dim_ranges"])
         feeds = dict(zip(sig["inputs"], arrays))
         with self._lock:
-            out = self._runner(signature_name)(**feeds)  # outputs come back as copies
+            runner = self._runner(signature_name)
+            try:
+                out = runner(**feeds)  # outputs come back as copies
+            except (RuntimeError, ValueError) as e:  # the interpreter's prepare/invoke failures
+                raise ModelRunError(f"{self._source}: signature {signature_name!r}: the LiteRT interpreter failed: "
+                                    f"{' '.join(str(e).split())[:300]}") from e
         leaves = [torch.from_numpy(o if o.flags.writeable else np.array(o)) for o in (out[n] for n in sig["outputs"])]
         spec = sig.get("out_spec")
         if spec is None:
@@ -86,7 +108,13 @@ class Model:
         if self._interpreter is None:
             from ai_edge_litert.interpreter import Interpreter
 
-            self._interpreter = Interpreter(model_content=self._data)
+            from edge.tflite_check import TfliteFormatError
+
+            try:
+                self._interpreter = Interpreter(model_content=self._data)
+            except (RuntimeError, ValueError) as e:  # e.g. an op its kernels do not have
+                raise TfliteFormatError(f"{self._source}: the LiteRT interpreter refused the model: "
+                                        f"{' '.join(str(e).split())[:300]}") from e
         if name not in self._runners:
             self._runners[name] = self._interpreter.get_signature_runner(name)
         return self._runners[name]

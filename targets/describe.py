@@ -28,9 +28,15 @@ def describe_tflite(path: str) -> str:
     from .compat import compatibility
     from .registry import TARGETS
 
+    from edge.tflite_check import TfliteFormatError, check_tflite
+
     with open(path, "rb") as f:
         data = f.read()
-    it = Interpreter(model_content=data)
+    check_tflite(data, path)  # the interpreter trusts the flatbuffer: a corrupt one could crash it
+    try:
+        it = Interpreter(model_content=data)
+    except (RuntimeError, ValueError) as e:
+        raise TfliteFormatError(f"{path}: the LiteRT interpreter refused the model: {' '.join(str(e).split())[:300]}") from e
     lines = [f"{path}: LiteRT flatbuffer, {len(data):,} bytes"]
     for name, sig in it.get_signature_list().items():
         runner = it.get_signature_runner(name)
@@ -55,7 +61,7 @@ def describe_tflite(path: str) -> str:
 def describe_artifact(path: str) -> str:
     import tpu_backend
 
-    from converter.multi_target import artifact_size
+    from .files import artifact_size
 
     art = tpu_backend.read_artifact(path)
     m = art.manifest

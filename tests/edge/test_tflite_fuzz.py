@@ -21,6 +21,7 @@ import time
 import warnings
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -31,11 +32,12 @@ N_PER_SEED = 3000
 HANG_S = 15.0  # per mutation, after the child's imports; a call here takes milliseconds
 RNG_SEED = "tflite-fuzz-1"
 SPECIAL = [0, 1, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFE, 0x10000, 0x7FFF]
-# What may come out of a mutated file besides TfliteFormatError at load: the call's input checks
-# (the mutated signature no longer matches the sample inputs: converter.input_check's classes, and
-# KeyError for a signature name that changed) and the interpreter's own errors (RuntimeError,
-# ValueError from allocate/invoke).
-ALLOWED = {"InputTypeError", "InputValueError", "InputIndexError", "KeyError", "RuntimeError", "ValueError"}
+# What may come out of a mutated file besides TfliteFormatError: the call's input checks (the mutated
+# signature no longer matches the sample inputs: converter.input_check's classes, SignatureNotFoundError
+# for a signature name that changed), TfliteFormatError when the interpreter itself refuses the model,
+# and ModelRunError for its prepare/invoke failures. All of them are the project's own classes.
+ALLOWED = {"InputTypeError", "InputValueError", "InputIndexError", "SignatureNotFoundError", "TfliteFormatError",
+           "ModelRunError"}
 
 _CHILD = r"""
 import json, os, sys, numpy as np, torch, litert_torch
@@ -379,3 +381,15 @@ def _timed(fn, *args) -> float:
     t = time.perf_counter()
     fn(*args)
     return time.perf_counter() - t
+
+
+def test_inspect_refuses_a_corrupt_tflite_in_one_line(tmp_path):
+    from targets.describe import describe
+
+    good = tmp_path / "m.tflite"
+    litert_torch.convert(_Cnn().eval(), (torch.randn(1, 3, 8, 8),)).export(good)
+    assert "LiteRT flatbuffer" in describe(str(good))
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(good.read_bytes()[:200])
+    with pytest.raises(litert_torch.TfliteFormatError, match="bad.tflite"):
+        describe(str(bad))
