@@ -2,6 +2,11 @@
 
 ``lower_signature(prog)`` turns one Program signature into a pure JAX function
 ``fn(weights, *inputs) -> outputs`` (jit- and jax.export-friendly). jax loads on first use.
+
+``@lowering(op)`` registers a JAX lowering for an op (a user's ``torch.library`` custom op, or an
+ATen op with ``override=True``), ``@supported_if(pred)`` limits it to the nodes it takes: the
+contract of converter.registry, the same as the edge backend's (``edge.lowering``). Reading
+either name fills the table first, so a user's registration meets the built-in ones.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ __all__ = [
     "JAX_LOWERINGS",
     "KERNEL_HOOKS",
     "kernel_hook",
+    "lowering",
+    "supported_if",
     "LoweringContext",
     "LoweringOptions",
 ]
@@ -30,6 +37,8 @@ _WHERE = {
     "JAX_LOWERINGS": "interpreter",  # via interpreter, so the table is filled
     "KERNEL_HOOKS": "interpreter",
     "kernel_hook": "registry",
+    "lowering": "all_ops",  # via all_ops, so the table is filled before a user registers
+    "supported_if": "all_ops",
     "LoweringContext": "context",
     "LoweringOptions": "context",
 }
