@@ -51,7 +51,7 @@ def ensure_peer() -> str:
 def compile_our_sources():
     import compileall
 
-    for pkg in ("converter", "edge", "litert_torch", "tpu_backend", "targets"):
+    for pkg in ("converter", "edge", "litert_torch", "tpu_backend", "targets", "tpu_export"):
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 

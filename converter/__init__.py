@@ -25,7 +25,6 @@ __all__ = [
     "UnsupportedOpsError",
     "DtypePolicyError",
     "UnsupportedOutputError",
-    "convert",
 ]
 
 _WHERE = {
@@ -46,7 +45,6 @@ _WHERE = {
     "UnsupportedOpsError": "errors",
     "DtypePolicyError": "errors",
     "UnsupportedOutputError": "errors",
-    "convert": "multi_target",
 }
 
 

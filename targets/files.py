@@ -6,7 +6,7 @@ import os
 
 from converter.atomic import write_file
 
-__all__ = ["write_files"]
+__all__ = ["write_files", "artifact_size"]
 
 
 def write_files(out_dir: str, files: dict[str, bytes]) -> dict[str, str]:
@@ -17,3 +17,10 @@ def write_files(out_dir: str, files: dict[str, bytes]) -> dict[str, str]:
         written[fname] = os.path.join(out_dir, fname)
         write_file(written[fname], data)
     return written
+
+
+def artifact_size(path: str) -> int:
+    """Bytes of an artifact: a file, or every file under a directory."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+    return os.path.getsize(path)

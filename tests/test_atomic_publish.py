@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-import converter
 import litert_torch
+import tpu_export
 from converter import atomic
 from converter.errors import ConversionError
 from targets import CompatibilityError, QuantizationError
@@ -56,7 +56,7 @@ def umask_027():
 
 
 def test_every_written_file_and_folder_honors_the_umask(tmp_path, umask_027):
-    written = converter.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "android", "web"], out_dir=tmp_path / "out")
+    written = tpu_export.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "android", "web"], out_dir=tmp_path / "out")
     m = litert_torch.convert(Cnn().eval(), ARGS)
     m.export(tmp_path / "m.tflite")
     files = [tmp_path / "m.tflite", tmp_path / "out" / "summary.json", *(tmp_path / "out" / "web").iterdir()]
@@ -72,15 +72,15 @@ def test_every_written_file_and_folder_honors_the_umask(tmp_path, umask_027):
 
 def test_a_failing_target_leaves_the_out_dir_byte_for_byte(tmp_path):
     out = tmp_path / "out"
-    converter.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
+    tpu_export.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
     before = snapshot(out)
     # the second target fails in its strict delegate check, after the first was built
     with pytest.raises(CompatibilityError, match="RESHAPE"):
-        converter.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "ios"], out_dir=out, strict_ops=True)
+        tpu_export.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "ios"], out_dir=out, strict_ops=True)
     assert snapshot(out) == before
     # iot without calibration data fails before capture
     with pytest.raises(QuantizationError, match="calibration_data"):
-        converter.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "iot"], out_dir=out)
+        tpu_export.convert(Cnn().eval(), ARGS, targets=["cpu-xla", "iot"], out_dir=out)
     assert snapshot(out) == before
 
 
@@ -89,17 +89,17 @@ def test_a_folder_the_tool_did_not_write_is_never_replaced(tmp_path):
     (out / "android").mkdir(parents=True)
     (out / "android" / "notes.txt").write_text("mine")
     with pytest.raises(ConversionError, match="refusing to replace .*android"):
-        converter.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
+        tpu_export.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
     assert (out / "android" / "notes.txt").read_text() == "mine"
     assert sorted(os.listdir(out)) == ["android"]
 
 
 def test_a_second_convert_replaces_each_target_whole(tmp_path):
     out = tmp_path / "out"
-    converter.convert(Cnn().eval(), ARGS, targets=["web"], out_dir=out)
-    converter.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
+    tpu_export.convert(Cnn().eval(), ARGS, targets=["web"], out_dir=out)
+    tpu_export.convert(Cnn().eval(), ARGS, targets=["android"], out_dir=out)
     (out / "android" / "stale.tflite").write_bytes(b"from an older run")
-    converter.convert(Cnn().eval(), ARGS, targets=["web", "android"], out_dir=out)  # web is still the tool's
+    tpu_export.convert(Cnn().eval(), ARGS, targets=["web", "android"], out_dir=out)  # web is still the tool's
     assert sorted(os.listdir(out)) == ["android", "summary.json", "web"]
     assert os.listdir(out / "android") == ["android.tflite"]
     summary = json.loads((out / "summary.json").read_text())

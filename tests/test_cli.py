@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from converter.cli import main
+from tpu_export.cli import main
 
 
 def test_help_lists_commands_and_examples(capsys):
@@ -26,7 +26,7 @@ def test_targets_lists_every_target(capsys):
 
 
 def test_unknown_target_is_a_one_line_error(capsys, tmp_path):
-    rc = main(["convert", "converter.demo_models:small_cnn", "--target", "tpu-v9", "-o", str(tmp_path / "o"), "--quiet"])
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "tpu-v9", "-o", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
     assert rc != 0
     assert err.startswith("tpu-export: error: unknown target 'tpu-v9'") and "tpu-v6e" in err
@@ -40,5 +40,5 @@ def test_bad_model_spec(capsys, tmp_path):
 
 
 def test_console_script_entry_point_runs():
-    r = subprocess.run([sys.executable, "-m", "converter.cli", "targets"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "tpu_export.cli", "targets"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "tpu-v7x" in r.stdout

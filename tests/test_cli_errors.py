@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from converter.cli import main
+from tpu_export.cli import main
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +50,7 @@ def _cli(tmp_path, *args) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=_REPO)
     env.pop("TORCH_LOGS", None)
     env.pop("TPU_EXPORT_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "converter.cli", *args], cwd=tmp_path, env=env,
+    return subprocess.run([sys.executable, "-m", "tpu_export.cli", *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import converter
-from converter.cli import main
-from converter.demo import max_rel_err
-from converter.demo_models import small_transformer
+import tpu_export
+from tpu_export.cli import main
+from tpu_export.demo import max_rel_err
+from tpu_export.demo_models import small_transformer
 
 
 class Net(torch.nn.Module):
@@ -35,7 +36,7 @@ def test_convert_writes_both_outputs_and_each_matches_torch(tmp_path):
     import tpu_backend
 
     m, args = Net().eval(), _args()
-    written = converter.convert(m, args, targets=["tpu-v6e", "android"], out_dir=tmp_path, topology="2x2")
+    written = tpu_export.convert(m, args, targets=["tpu-v6e", "android"], out_dir=tmp_path, topology="2x2")
     assert set(written) == {"tpu-v6e", "android"}
     want = m(*args)
     tpu_out = tpu_backend.load(written["tpu-v6e"])(*args)
@@ -57,16 +58,16 @@ def test_unsupported_op_fails_before_anything_is_written(tmp_path):
 
     out = tmp_path / "out"
     with pytest.raises(converter.UnsupportedOpsError) as e:
-        converter.convert(Bad(), (torch.randn(8),), targets=["cpu-xla", "cpu"], out_dir=out)
+        tpu_export.convert(Bad(), (torch.randn(8),), targets=["cpu-xla", "cpu"], out_dir=out)
     assert "_fft_r2c" in str(e.value) and "test_convert_both.py" in str(e.value)
     assert not out.exists()
 
 
 def test_unknown_option_and_target_fail_before_capture(tmp_path):
     with pytest.raises(TypeError, match="unknown option"):
-        converter.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "a", bogus=1)
+        tpu_export.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "a", bogus=1)
     with pytest.raises(ValueError, match="known targets"):
-        converter.convert(Net(), _args(), targets=["tpu-v99"], out_dir=tmp_path / "b")
+        tpu_export.convert(Net(), _args(), targets=["tpu-v99"], out_dir=tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

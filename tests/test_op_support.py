@@ -1,4 +1,4 @@
-"""The op-support table (targets/op_support.py): docs/ops.md is current, both backends lower at
+"""The op-support table (tpu_export/op_support.py): docs/ops.md is current, both backends lower at
 least 90% of the inference core ATen overloads, and every op marked lowered is exercised by an
 op-test row that the backend's op test does not xfail.
 
@@ -8,16 +8,17 @@ check reads that same table.
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from targets import op_support
 from tests.numerics import rel_err
+from tests.write_ops_doc import DOCS, op_row_scan
+from tpu_export import op_support
 
 FLOOR = 90.0
-DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
 
 
 def _xfails() -> dict:
@@ -36,12 +37,12 @@ def test_exclusion_rule_is_stated_and_applied():
 
 
 def test_support_table_current_covered_and_tested():
-    table = op_support.support_table()
+    scan = op_row_scan()
+    table = op_support.support_table(scan)
 
     # docs/ops.md is the rendering of this very table
     with open(DOCS) as f:
-        assert f.read() == op_support.render_markdown(), \
-            "docs/ops.md is stale: run `python -m targets.op_support --write`"
+        assert f.read() == op_support.render_markdown(scan), "docs/ops.md is stale: run `python -m tests.write_ops_doc`"
 
     # coverage floors
     for backend in ("tpu", "edge"):
@@ -49,7 +50,7 @@ def test_support_table_current_covered_and_tested():
         assert pct >= FLOOR, f"{backend} lowers {pct:.1f}% of {len(table)} core overloads (< {FLOOR}%)"
 
     # every op marked lowered has a row that runs (is not xfailed) on that backend
-    tested = op_support.tested_by()
+    tested = scan.tested
     xfail = _xfails()
     missing = []
     for r in table:
@@ -59,6 +60,17 @@ def test_support_table_current_covered_and_tested():
             if r[backend] and not [rid for rid in tested.get(r["op"], []) if rid not in xfail[backend]]:
                 missing.append(f"{r['op']} ({backend})")
     assert not missing, f"lowered but exercised by no passing op row: {missing}"
+
+
+def test_ops_command_needs_no_test_suite():
+    """`tpu-export ops` from an install (no tests/ folder): the backends' columns, decomposed ops marked."""
+    code = ("import sys; sys.modules['tests'] = None  # any import of the test suite fails\n"
+            "from tpu_export.cli import main; sys.exit(main(['ops']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line.split()[1:3] for line in r.stdout.splitlines() if line.startswith("aten.")}
+    assert lines["aten.add.Tensor"] == ["yes", "yes"] and lines["aten.var.dim"] == ["dec", "dec"]
+    assert "backend lowers" in r.stdout
 
 
 # DYNAMIC_ONLY ops seen for real: a dynamic batch puts them in the graph; both backends run it

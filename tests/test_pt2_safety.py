@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import litert_torch
-from converter.cli import main
+from tpu_export.cli import main
 from converter.errors import ExportFailedError
 from converter.pipeline import prepare, run_program
 

@@ -150,7 +150,7 @@ def _assert_scheme_shape(tflite, scheme):
 
 @pytest.fixture(scope="module")
 def small_cnn():
-    from converter.demo_models import small_cnn
+    from tpu_export.demo_models import small_cnn
 
     return small_cnn()
 
@@ -301,13 +301,13 @@ def test_targets_take_every_scheme_their_runtime_runs(small_cnn, tmp_path, targe
 
 
 def test_cli_quantize_and_calibration(tmp_path):
-    from converter.cli import main
-    from converter.demo_models import small_cnn
+    from tpu_export.cli import main
+    from tpu_export.demo_models import small_cnn
 
     _, args = small_cnn()
     npz = tmp_path / "cal.npz"
     np.savez(npz, x=np.random.default_rng(0).standard_normal((16, *args[0].shape[1:])).astype(np.float32)[:, None])
-    rc = main(["convert", "converter.demo_models:small_cnn", "--target", "cpu", "-o", str(tmp_path / "o"),
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "cpu", "-o", str(tmp_path / "o"),
                "--quantize", "static_int8", "--calibration", str(npz), "--quiet"])
     assert rc == 0
     from targets.compat.model_ops import read_ops
@@ -316,9 +316,9 @@ def test_cli_quantize_and_calibration(tmp_path):
     assert any(op.name == "QUANTIZE" for op in ops)
     bad = tmp_path / "bad.npz"
     np.savez(bad, x=np.zeros((4, 1, 3, 8, 8), np.float32))
-    rc = main(["convert", "converter.demo_models:small_cnn", "--target", "cpu", "-o", str(tmp_path / "b"),
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "cpu", "-o", str(tmp_path / "b"),
                "--quantize", "static_int8", "--calibration", str(bad), "--quiet"])
     assert rc == 1 and not os.path.exists(tmp_path / "b" / "cpu")
-    rc = main(["convert", "converter.demo_models:small_cnn", "--target", "iot", "-o", str(tmp_path / "c"),
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "iot", "-o", str(tmp_path / "c"),
                "--quantize", "weight_only_int4", "--quiet"])
     assert rc == 1 and not os.path.exists(tmp_path / "c")

@@ -162,7 +162,7 @@ def test_planted_executable_is_never_run(art, caplog):
 
 
 def test_cli_run_compiles_the_stablehlo_even_with_use_compiled(art, tmp_path, capsys):
-    from converter.cli import main
+    from tpu_export.cli import main
 
     model, _ = mlp_program()
     args, kwargs = mlp_inputs(4, seed=3)
@@ -291,7 +291,7 @@ def test_deflated_entry_inflating_to_2_gib_fails_fast(zip_bomb):
 
 
 def test_inspect_refuses_the_zip_bomb_in_one_line(zip_bomb, capsys):
-    from converter.cli import main
+    from tpu_export.cli import main
 
     t0 = time.perf_counter()
     assert main(["inspect", str(zip_bomb)]) == 1

@@ -19,6 +19,7 @@ import torch.nn as nn
 
 import converter
 import tpu_backend
+import tpu_export
 from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 from tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
@@ -151,7 +152,7 @@ def test_convert_tpu_v6e_int8_end_to_end(tmp_path):
     torch.manual_seed(7)
     model = _Mlp().eval()
     x = torch.randn(4, 16, 128)
-    written = converter.convert(model, (x,), targets=["tpu-v6e"], out_dir=tmp_path, use_pallas="auto",
+    written = tpu_export.convert(model, (x,), targets=["tpu-v6e"], out_dir=tmp_path, use_pallas="auto",
                                 quant_config="weight_only_int8")
     path = written["tpu-v6e"]
     table = _weights_table(path)
@@ -179,6 +180,6 @@ def test_tpu_targets_refuse_other_quant_schemes_before_capture(tmp_path):
             return x
 
     with pytest.raises(ValueError, match="weight_only_int8"):
-        converter.convert(Boom(), (torch.randn(2),), targets=["tpu-v6e"], out_dir=tmp_path,
+        tpu_export.convert(Boom(), (torch.randn(2),), targets=["tpu-v6e"], out_dir=tmp_path,
                           quant_config="dynamic_int8")
     assert not calls

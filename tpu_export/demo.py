@@ -53,8 +53,10 @@ def _run(path, args):
 
 
 def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None) -> int:
+    from targets.files import artifact_size
+
     from .cli import _progress
-    from .multi_target import artifact_size, convert
+    from .multi_target import convert
 
     targets = list(targets or DEFAULT_TARGETS)
     say = _progress(quiet)

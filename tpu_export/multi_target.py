@@ -13,11 +13,12 @@ import os
 import time
 from typing import Callable
 
-from .atomic import discard, publish_dir, staging_dir, write_file
-from .errors import ConversionError
-from .pipeline import SignatureRequest, prepare_many
+from converter.atomic import discard, publish_dir, staging_dir, write_file
+from converter.errors import ConversionError
+from converter.pipeline import SignatureRequest, prepare_many
+from targets.files import artifact_size
 
-__all__ = ["convert", "artifact_size"]
+__all__ = ["convert"]
 
 
 def _backend(name: str):
@@ -68,7 +69,7 @@ def convert(
     prog = prepare_many([req], strict=strict, enable_x64=enable_x64)
     capture_s = time.perf_counter() - t0
 
-    from .support import check_support
+    from converter.support import check_support
 
     for name, b in backends.items():
         check_support(prog, name, b.is_supported)  # every backend, before anything is written
@@ -146,10 +147,3 @@ def _publish(stage: str, out_dir: str, names: list[str]) -> None:
     for _, old in done:
         if old is not None:
             discard(old)
-
-
-def artifact_size(path: str) -> int:
-    """Bytes of an artifact: a file, or every file under a directory."""
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
-    return os.path.getsize(path)

@@ -1,4 +1,4 @@
-"""tpu-export: the command-line front end over converter.convert and the backends' loaders."""
+"""tpu-export: the command-line front end over tpu_export.convert and the backends' loaders."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def load_model_spec(spec: str):
 
 
 def cmd_convert(a) -> int:
-    from converter.multi_target import convert
+    from .multi_target import convert
 
     module, args, kwargs = load_model_spec(a.model)
     dyn = None
@@ -152,14 +152,14 @@ def cmd_targets(a) -> int:
 
 
 def cmd_ops(a) -> int:
-    from targets.op_support import coverage_text
+    from .op_support import coverage_text
 
     print(coverage_text())
     return 0
 
 
 def cmd_demo(a) -> int:
-    from converter.demo import run_demo
+    from .demo import run_demo
 
     return run_demo(out_dir=a.output, quiet=a.quiet, targets=a.target)
 

@@ -1,28 +1,31 @@
 """Which core ATen overloads each backend lowers, and which test row exercises each.
 
 Computed, never hand-kept: the op list comes from the installed torch (``torch.Tag.core``), the
-support columns from the backends' lowering registries, the test column from exporting every
-row of ``tests/op_rows.py`` and reading the ops in its graph.
+support columns from the backends' lowering registries. The "tested by" column and the LiteRT
+builtins come from exporting op-test rows and reading the ops in their graphs: ``scan_rows`` takes
+the rows as an argument (the test suite holds them, and shipped code never imports it), so
+``tpu-export ops`` works from an installed package and shows the backends' columns only.
 
 An op the converter itself decomposes (torch.export's core table still decomposes a few core
-overloads, e.g. reflection_pad2d -> index) never reaches a backend: it is supported by both when
-a row exercises it (it is looked for in the row's graph decomposed with that op kept whole) and
-that row passes on both backends (tests/test_op_support.py checks it is xfailed on neither).
-Shape-query ops (sym_size, sym_numel, ...) appear only in graphs with dynamic shapes, which the
-op rows do not have; they are tested by the dynamic-batch model tests instead.
+overloads, e.g. reflection_pad2d -> index) never reaches a backend: with a row scan it is supported
+by both when a row exercises it (it is looked for in the row's graph decomposed with that op kept
+whole) and that row passes on both backends (tests/test_op_support.py checks it is xfailed on
+neither); without one it is listed as decomposed. Shape-query ops (sym_size, sym_numel, ...) appear
+only in graphs with dynamic shapes, which the op rows do not have; they are tested by the
+dynamic-batch model tests instead.
 
-    python -m targets.op_support            # print the table (same as `tpu-export ops`)
-    python -m targets.op_support --write    # regenerate docs/ops.md
+    tpu-export ops                   # print the table (python -m tpu_export.op_support does the same)
+    python -m tests.write_ops_doc    # regenerate docs/ops.md from the test suite's op rows
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import os
 import sys
 
 __all__ = ["inference_core_ops", "excluded_reason", "support_table", "coverage_text", "render_markdown",
-           "converter_decomposed", "DYNAMIC_ONLY"]
+           "converter_decomposed", "scan_rows", "RowScan", "DYNAMIC_ONLY"]
 
 # Ops no static-shape op row can put in a graph, and where they are tested instead.
 DYNAMIC_ONLY = {
@@ -108,8 +111,8 @@ def converter_decomposed() -> frozenset:
     return frozenset(n for n, op in inference_core_ops() if op in table)
 
 
-def _row_ops(row, keep_core) -> tuple[set, tuple]:
-    """Ops of ``row``'s converted graph, plus the converter-decomposed core ops it holds; and
+def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
+    """Ops of a row's converted graph, plus the converter-decomposed core ops it holds; and
     the LiteRT builtins the edge backend writes for that graph (empty if it does not lower it).
 
     Decomposition runs once, with ``keep_core`` kept whole; those few nodes are then decomposed
@@ -120,9 +123,7 @@ def _row_ops(row, keep_core) -> tuple[set, tuple]:
     from converter.passes import run_shared_passes
     from converter.program import program_from_exported
     from converter.registry import op_name
-    from tests.op_rows import OpModule, row_inputs
 
-    module, args = OpModule(row), row_inputs(row)
     kept = decompose(capture(module, args), KEEP_WHOLE | keep_core, in_place=True)
     ops = {op_name(n.target) for n in kept.graph.nodes if n.op == "call_function" and n.target in keep_core}
     info = {"args": _as_tuple(args), "kwargs": {}, "dynamic_shapes": None, "forward_params": forward_params(module)}
@@ -157,23 +158,19 @@ def _edge_builtins(prog) -> tuple:
     return tuple(sorted({names[code] for code, _ in model._opcode_versions}))
 
 
-def tested_by() -> dict:
-    """op name -> ids of the op-test rows whose converted graph contains that op."""
-    return _scan_rows()[0]
+@dataclasses.dataclass(frozen=True)
+class RowScan:
+    """What exporting the op-test rows shows: op name -> ids of the rows whose converted graph holds it
+    (``tested``), and op name -> the LiteRT builtins edge writes for it, read from the first row (by id)
+    whose graph holds that op alone (``builtins``)."""
+
+    tested: dict
+    builtins: dict
 
 
-def edge_builtins() -> dict:
-    """op name -> the LiteRT builtins edge writes for it, read from the first row (by id) whose
-    graph holds that op alone."""
-    return _scan_rows()[1]
-
-
-@functools.lru_cache(maxsize=None)
-def _scan_rows() -> tuple[dict, dict]:
+def scan_rows(rows, build) -> RowScan:
+    """Export every row (``build(row)`` -> (module, sample args); a row has an ``id``) and read its ops."""
     import warnings
-
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from tests.op_rows import ROWS
 
     names = converter_decomposed()
     keep_core = frozenset(op for n, op in inference_core_ops() if n in names)
@@ -181,9 +178,9 @@ def _scan_rows() -> tuple[dict, dict]:
     solo: dict[str, list] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for row in ROWS:
+        for row in rows:
             try:
-                ops, builtins = _row_ops(row, keep_core)
+                ops, builtins = _row_ops(*build(row), keep_core)
             except Exception:  # noqa: BLE001 - a row that fails to capture tests nothing
                 continue
             for name in ops:
@@ -193,13 +190,15 @@ def _scan_rows() -> tuple[dict, dict]:
                 alone = alone & names
             if len(alone) == 1 and builtins:
                 solo.setdefault(next(iter(alone)), []).append((row.id, builtins))
-    return found, {name: min(rows)[1] for name, rows in solo.items()}
+    return RowScan(found, {name: min(rows)[1] for name, rows in solo.items()})
 
 
-def support_table():
+def support_table(scan: RowScan | None = None) -> list[dict]:
+    """One dict per inference core overload: op, tpu, edge (True/False; None for an op the converter
+    decomposes when no ``scan`` says whether a row exercises it), tested (row ids), litert, note."""
     regs = _registries()
-    tested = tested_by()
-    builtins = edge_builtins()
+    tested = scan.tested if scan is not None else {}
+    builtins = scan.builtins if scan is not None else {}
     notes = {}
     try:
         from edge.op_notes import EDGE_NOTES
@@ -214,7 +213,7 @@ def support_table():
         note = notes.get(name, "")
         if name in decomposed and name not in DYNAMIC_ONLY:
             # never reaches a backend: supported where a row exercises it (the op tests run it on both)
-            tpu = edge = bool(rows)
+            tpu = edge = bool(rows) if scan is not None else None
             note = "; ".join(x for x in ("decomposed by the converter (torch.export core table) before lowering", note)
                              if x)
         else:
@@ -227,38 +226,49 @@ def support_table():
 
 
 def _pct(table, key):
-    return 100.0 * sum(r[key] for r in table) / len(table)
+    return 100.0 * sum(bool(r[key]) for r in table) / len(table)
 
 
-def coverage_text() -> str:
-    table = support_table()
-    lines = [f"{'core ATen overload':42s} {'tpu':4s} {'edge':5s} tested"]
+def _yes(v) -> str:
+    return "dec" if v is None else "yes" if v else "no"
+
+
+def coverage_text(scan: RowScan | None = None) -> str:
+    """The table as text; without ``scan`` (an installed package has no op rows) the tested column is
+    left out and converter-decomposed ops show "dec" (docs/ops.md says which of them convert)."""
+    table = support_table(scan)
+    head = f"{'core ATen overload':42s} {'tpu':4s} {'edge':5s}"
+    lines = [head + (" tested" if scan is not None else "")]
     for r in table:
         extra = f"  (LiteRT: {' '.join(r['litert'])})" if r["litert"] else ""
         extra += f"  [{r['note']}]" if r["note"] else ""
-        lines.append(f"{r['op']:42s} {'yes' if r['tpu'] else 'no':4s} {'yes' if r['edge'] else 'no':5s} "
-                     f"{', '.join(r['tested']) or '-'}{extra}")
+        tested = f" {', '.join(r['tested']) or '-'}" if scan is not None else ""
+        lines.append(f"{r['op']:42s} {_yes(r['tpu']):4s} {_yes(r['edge']):5s}{tested}{extra}")
     lines.append(f"\n{len(table)} inference core ATen overloads (torch.Tag.core; excluded: "
                  f"{sum(1 for *_, w in core_ops() if w)} in-place/out/backward/training-only/random)")
-    lines.append(f"tpu backend lowers {_pct(table, 'tpu'):.1f}%, edge backend lowers {_pct(table, 'edge'):.1f}%")
+    dec = sum(r["tpu"] is None for r in table)
+    lines.append(f"tpu backend lowers {_pct(table, 'tpu'):.1f}%, edge backend lowers {_pct(table, 'edge'):.1f}%"
+                 + (f" (not counting {dec} ops the converter decomposes before lowering: see docs/ops.md)"
+                    if dec else ""))
     return "\n".join(lines)
 
 
-def render_markdown() -> str:
+def render_markdown(scan: RowScan) -> str:
+    """docs/ops.md: the table with the rows' "tested by" column and LiteRT builtins."""
     import torch
 
-    table = support_table()
+    table = support_table(scan)
     out = [
         "# Core ATen op support",
         "",
-        f"Generated by `python -m targets.op_support --write` against torch {torch.__version__.split('+')[0]}; "
+        f"Generated by `python -m tests.write_ops_doc` against torch {torch.__version__.split('+')[0]}; "
         "checked for being current by `tests/test_op_support.py`. Do not edit by hand.",
         "",
         f"- Inference core ATen overloads: {len(table)}",
         f"- TPU backend (JAX/StableHLO): {sum(r['tpu'] for r in table)} lowered ({_pct(table, 'tpu'):.1f}%)",
         f"- Edge backend (LiteRT builtins): {sum(r['edge'] for r in table)} lowered ({_pct(table, 'edge'):.1f}%)",
         "",
-        "Excluded (the rule is in `targets/op_support.py: excluded_reason`):",
+        "Excluded (the rule is in `tpu_export/op_support.py: excluded_reason`):",
         "",
     ]
     for name, _, why in core_ops():
@@ -275,17 +285,8 @@ def render_markdown() -> str:
     return "\n".join(out) + "\n"
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--write" in argv:
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "ops.md")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        from converter.atomic import write_file
-
-        write_file(path, render_markdown().encode())
-        print(f"wrote {path}")
-    else:
-        print(coverage_text())
+def main() -> int:
+    print(coverage_text())
     return 0
 
 

@@ -1,0 +1,19 @@
+"""tpu_export: the application on top of the layers (the tpu-export CLI, the demo, the multi-target convert,
+the op-support table).
+
+    import tpu_export
+    written = tpu_export.convert(model, sample_args, targets=["tpu-v6e", "android"], out_dir="out")
+
+Imports point one way: converter <- edge, tpu_backend <- targets <- tpu_export. Heavy modules load on
+first use.
+"""
+
+from __future__ import annotations
+
+from converter.lazy_exports import lazy_getattr
+
+__all__ = ["convert", "main"]
+
+_WHERE = {"convert": "multi_target", "main": "cli"}
+
+__getattr__ = lazy_getattr(__name__, _WHERE)
