@@ -599,7 +599,7 @@ row("div_trunc_mode", lambda a, b: torch.div(a, b, rounding_mode="trunc"), _fx *
 
 
 # --------------------------------------------------------------------------------------
-# coverage rows: one or more per core ATen overload a backend lowers (targets/op_support.py
+# coverage rows: one or more per core ATen overload a backend lowers (tpu_export/op_support.py
 # reads the ops of each row's converted graph). Overloads torch.export only writes when asked
 # (add.Scalar, prod.default, ...) are called through torch.ops.aten directly.
 # --------------------------------------------------------------------------------------
