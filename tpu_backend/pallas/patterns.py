@@ -18,6 +18,8 @@ import operator
 
 import torch
 
+from converter.registry import arguments
+
 __all__ = ["NormMatch", "match_rms_norm", "match_layer_norm", "find_norm_patterns"]
 
 aten = torch.ops.aten
@@ -57,13 +59,13 @@ def _ndim(n) -> int | None:
 
 
 def _is_last_dim_reduce(n, x) -> bool:
-    dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    dims = arguments(n)["dim"]
     nd = _ndim(x)
     return dims is not None and len(dims) == 1 and nd is not None and dims[0] in (-1, nd - 1)
 
 
-def _keepdim(n, pos: int) -> bool:
-    return bool(n.args[pos] if len(n.args) > pos else n.kwargs.get("keepdim", False))
+def _keepdim(n) -> bool:
+    return bool(arguments(n)["keepdim"])
 
 
 def _factors(n, out: list, inner: list, power: int = 1) -> None:
@@ -119,7 +121,7 @@ def _square_of(n, nodes: list):
 
 def _mean_of(n, nodes: list):
     """x for mean(x, [-1], keepdim=True), else None."""
-    if _is(n, aten.mean.dim) and _is_last_dim_reduce(n, n.args[0]) and _keepdim(n, 2):
+    if _is(n, aten.mean.dim) and _is_last_dim_reduce(n, n.args[0]) and _keepdim(n):
         nodes.append(n)
         return n.args[0]
     return None
@@ -141,20 +143,24 @@ def _centred(n, nodes: list):
     return x, m
 
 
+def _population(n) -> bool:
+    """A var / var_mean node with correction 0 (the biased variance), keepdim."""
+    return arguments(n)["correction"] == 0 and _keepdim(n)
+
+
 def _is_var_mean(n, x) -> bool:
     return (
         _is(n, aten.var_mean.correction)
         and n.args[0] is x
         and _is_last_dim_reduce(n, x)
-        and n.kwargs.get("correction", 1) == 0
-        and n.kwargs.get("keepdim", False)
+        and _population(n)
     )
 
 
 def _population_var_of(n, nodes: list):
     """x for the biased variance of x over the last dim (keepdim), in any spelling, else None."""
     if _is(n, aten.var.correction) and _is_last_dim_reduce(n, n.args[0]):
-        if n.kwargs.get("correction", 1) == 0 and n.kwargs.get("keepdim", False):
+        if _population(n):
             nodes.append(n)
             return n.args[0]
         return None
