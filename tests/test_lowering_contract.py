@@ -207,24 +207,25 @@ def test_a_false_predicate_is_reported_as_unsupported_with_the_users_line(backen
     _lower(backend, converter.prepare(Picky(0).eval(), (torch.randn(2, 3),)))
 
 
-@pytest.mark.parametrize("backend", ["edge", "tpu"])
-def test_a_raising_predicate_is_a_bug_named_with_the_op_and_the_users_line(backend):
-    prog = converter.prepare(Picky(2).eval(), (torch.randn(2, 3),))
+def _lowering_error(backend, mode) -> tuple[LoweringError, str]:
+    prog = converter.prepare(Picky(mode).eval(), (torch.randn(2, 3),))
     with pytest.raises(LoweringError) as e:
         _lower(backend, prog)
     msg = str(e.value)
+    assert isinstance(e.value, ConversionError) and "\n" not in msg and "return picky(x, self.mode)" in msg, msg
+    return e.value, msg
+
+
+@pytest.mark.parametrize("backend", ["edge", "tpu"])
+def test_a_raising_predicate_is_a_bug_named_with_the_op_and_the_users_line(backend):
+    err, msg = _lowering_error(backend, 2)
     assert msg.startswith(f"{backend}: the support predicate of contract_test.picky.default (") and "_picky_pred" in msg
-    assert "ZeroDivisionError: the predicate's own bug" in msg and "return picky(x, self.mode)" in msg, msg
-    assert isinstance(e.value.__cause__, ZeroDivisionError)
+    assert "ZeroDivisionError: the predicate's own bug" in msg and isinstance(err.__cause__, ZeroDivisionError)
 
 
 @pytest.mark.parametrize("backend", ["edge", "tpu"])
 def test_a_failing_lowering_is_wrapped_once_with_the_backend_op_and_line(backend):
-    prog = converter.prepare(Picky(3).eval(), (torch.randn(2, 3),))
-    with pytest.raises(LoweringError) as e:
-        _lower(backend, prog)
-    msg = str(e.value)
-    assert isinstance(e.value, ConversionError) and "\n" not in msg, msg
+    err, msg = _lowering_error(backend, 3)
     assert msg.startswith(f"{backend}: lowering contract_test.picky.default (node picky) failed at File "), msg
     assert "test_lowering_contract.py" in msg and msg.endswith("ValueError: mode 3 breaks the lowering"), msg
-    assert isinstance(e.value.__cause__, ValueError)
+    assert isinstance(err.__cause__, ValueError)

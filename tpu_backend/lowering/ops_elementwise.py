@@ -194,52 +194,18 @@ def pow_scalar(ctx, base, exponent):
     return jnp.power(cast(base, ctx.out_dtype), cast(exponent, ctx.out_dtype))
 
 
-# aten::maximum(Tensor self, Tensor other) -> Tensor   (propagates NaN, as lax.max)
-@lowering(aten.maximum.default)
-def maximum(ctx, x, y):
-    return jnp.maximum(*cast_all(ctx.out_dtype, x, y))
+# Binary ops computed in the output dtype by one jnp function each:
+# aten::maximum / minimum / fmax / fmin / atan2 / hypot(Tensor self, Tensor other) -> Tensor
+# aten::copysign.Tensor / xlogy.Tensor(Tensor self, Tensor other) -> Tensor
+# (maximum/minimum propagate NaN, as lax.max; fmax/fmin ignore it)
+_BINARY = {aten.maximum.default: jnp.maximum, aten.minimum.default: jnp.minimum, aten.fmax.default: jnp.fmax,
+           aten.fmin.default: jnp.fmin, aten.atan2.default: jnp.arctan2, aten.hypot.default: jnp.hypot,
+           aten.copysign.Tensor: jnp.copysign, aten.xlogy.Tensor: jax.scipy.special.xlogy}
 
 
-# aten::minimum(Tensor self, Tensor other) -> Tensor
-@lowering(aten.minimum.default)
-def minimum(ctx, x, y):
-    return jnp.minimum(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::fmax(Tensor self, Tensor other) -> Tensor   (ignores NaN)
-@lowering(aten.fmax.default)
-def fmax(ctx, x, y):
-    return jnp.fmax(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::fmin(Tensor self, Tensor other) -> Tensor
-@lowering(aten.fmin.default)
-def fmin(ctx, x, y):
-    return jnp.fmin(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::atan2(Tensor self, Tensor other) -> Tensor
-@lowering(aten.atan2.default)
-def atan2(ctx, x, y):
-    return jnp.arctan2(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::hypot(Tensor self, Tensor other) -> Tensor
-@lowering(aten.hypot.default)
-def hypot(ctx, x, y):
-    return jnp.hypot(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::copysign.Tensor(Tensor self, Tensor other) -> Tensor
-@lowering(aten.copysign.Tensor)
-def copysign(ctx, x, y):
-    return jnp.copysign(*cast_all(ctx.out_dtype, x, y))
-
-
-# aten::xlogy.Tensor(Tensor self, Tensor other) -> Tensor
-@lowering(aten.xlogy.Tensor)
-def xlogy(ctx, x, y):
-    return jax.scipy.special.xlogy(*cast_all(ctx.out_dtype, x, y))
+@lowering(*_BINARY)
+def binary(ctx, x, y):
+    return _BINARY[ctx.node.target](*cast_all(ctx.out_dtype, x, y))
 
 
 # aten::clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor

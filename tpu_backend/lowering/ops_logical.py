@@ -77,16 +77,13 @@ for _name, _jfn in {"bitwise_and": jnp.bitwise_and, "bitwise_or": jnp.bitwise_or
     lowering(_packet.Tensor, _packet.Scalar)(_bitwise(_jfn))
 
 
-# aten::bitwise_left_shift.Tensor(Tensor self, Tensor other) -> Tensor
-@lowering(aten.bitwise_left_shift.Tensor)
-def left_shift(ctx, x, y):
-    return jnp.left_shift(*cast_all(ctx.out_dtype, x, y))
+# aten::bitwise_left_shift.Tensor / bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor
+_SHIFT = {aten.bitwise_left_shift.Tensor: jnp.left_shift, aten.bitwise_right_shift.Tensor: jnp.right_shift}
 
 
-# aten::bitwise_right_shift.Tensor(Tensor self, Tensor other) -> Tensor
-@lowering(aten.bitwise_right_shift.Tensor)
-def right_shift(ctx, x, y):
-    return jnp.right_shift(*cast_all(ctx.out_dtype, x, y))
+@lowering(*_SHIFT)
+def shift(ctx, x, y):
+    return _SHIFT[ctx.node.target](*cast_all(ctx.out_dtype, x, y))
 
 
 # aten::where.self(Tensor condition, Tensor self, Tensor other) -> Tensor
@@ -96,37 +93,12 @@ def where(ctx, cond, x, y):
     return jnp.where(cast(cond, jnp.bool_), x, y)
 
 
-# aten::isnan(Tensor self) -> Tensor
-@lowering(aten.isnan.default)
-def isnan(ctx, x):
-    return jnp.isnan(x)
+# aten::isnan / isinf / isposinf / isneginf / isfinite / signbit(Tensor self) -> Tensor
+_PREDICATE = {aten.isnan.default: jnp.isnan, aten.isinf.default: jnp.isinf, aten.isposinf.default: jnp.isposinf,
+              aten.isneginf.default: jnp.isneginf, aten.isfinite.default: jnp.isfinite,
+              aten.signbit.default: jnp.signbit}
 
 
-# aten::isinf(Tensor self) -> Tensor
-@lowering(aten.isinf.default)
-def isinf(ctx, x):
-    return jnp.isinf(x)
-
-
-# aten::isposinf(Tensor self) -> Tensor
-@lowering(aten.isposinf.default)
-def isposinf(ctx, x):
-    return jnp.isposinf(x)
-
-
-# aten::isneginf(Tensor self) -> Tensor
-@lowering(aten.isneginf.default)
-def isneginf(ctx, x):
-    return jnp.isneginf(x)
-
-
-# aten::isfinite(Tensor self) -> Tensor
-@lowering(aten.isfinite.default)
-def isfinite(ctx, x):
-    return jnp.isfinite(x)
-
-
-# aten::signbit(Tensor self) -> Tensor
-@lowering(aten.signbit.default)
-def signbit(ctx, x):
-    return jnp.signbit(x)
+@lowering(*_PREDICATE)
+def predicate(ctx, x):
+    return _PREDICATE[ctx.node.target](x)
