@@ -10,9 +10,11 @@ milliseconds. Anything wrong raises ``TfliteFormatError``: one line, the file, w
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 
-__all__ = ["TfliteFormatError", "check_tflite"]
+__all__ = ["TfliteFormatError", "check_tflite", "read_tflite"]
 
 
 class TfliteFormatError(ValueError):
@@ -109,6 +111,33 @@ def _schema_tables() -> dict:
         _SCHEMA["optional"] = {ops[k]: v for k, v in _OPTIONAL_INPUTS.items()}
         _SCHEMA["max_op"] = max(ops.values())
     return _SCHEMA
+
+
+# A .tflite larger than this is not one the flatbuffer format (2 GiB) plus large-model buffers can describe
+# sensibly on the machines we target; refusing it bounds what a read may allocate.
+_MAX_FILE = 64 << 30
+
+
+def read_tflite(path) -> bytes:
+    """The bytes of the .tflite at ``path``, checked: only a regular file is read (a FIFO or a device would
+    block or never end), opened without waiting for a writer, then ``check_tflite``."""
+    path = os.fspath(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise TfliteFormatError(f"{path}: cannot open the .tflite ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise TfliteFormatError(f"{path}: not a regular file (a FIFO, device or socket); a .tflite is read "
+                                    "only from a plain file")
+        if st.st_size > _MAX_FILE:
+            raise TfliteFormatError(f"{path}: {st.st_size} bytes is larger than any .tflite this tool reads")
+        data = f.read(st.st_size + 1)
+    if len(data) != st.st_size:
+        raise TfliteFormatError(f"{path}: the file changed size while it was read")
+    check_tflite(data, path)
+    return data
 
 
 def check_tflite(data, name: str = "the .tflite") -> None:

@@ -124,6 +124,7 @@ def load(path) -> Model:
     """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed).
 
     A truncated or corrupt file raises TfliteFormatError (a ValueError) naming it."""
+    from edge.tflite_check import read_tflite
+
     path = os.fspath(path)
-    with open(path, "rb") as f:
-        return Model(f.read(), _source=path)
+    return Model(read_tflite(path), _source=path)

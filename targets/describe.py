@@ -28,11 +28,9 @@ def describe_tflite(path: str) -> str:
     from .compat import compatibility
     from .registry import TARGETS
 
-    from edge.tflite_check import TfliteFormatError, check_tflite
+    from edge.tflite_check import TfliteFormatError, read_tflite
 
-    with open(path, "rb") as f:
-        data = f.read()
-    check_tflite(data, path)  # the interpreter trusts the flatbuffer: a corrupt one could crash it
+    data = read_tflite(path)  # a regular file, checked: the interpreter trusts the flatbuffer (a bad one crashes it)
     try:
         it = Interpreter(model_content=data)
     except (RuntimeError, ValueError) as e:

@@ -393,3 +393,17 @@ def test_inspect_refuses_a_corrupt_tflite_in_one_line(tmp_path):
     bad.write_bytes(good.read_bytes()[:200])
     with pytest.raises(litert_torch.TfliteFormatError, match="bad.tflite"):
         describe(str(bad))
+
+
+def test_a_fifo_or_device_is_refused_without_waiting(tmp_path):
+    from targets.describe import describe
+
+    fifo = tmp_path / "m.tflite"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    for fn in (litert_torch.load, describe):
+        with pytest.raises(litert_torch.TfliteFormatError, match="not a regular file"):
+            fn(str(fifo))
+    with pytest.raises(litert_torch.TfliteFormatError, match="not a regular file"):
+        litert_torch.load("/dev/zero")
+    assert time.monotonic() - t0 < 5
