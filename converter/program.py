@@ -83,7 +83,6 @@ class Program:
     weights: dict[str, torch.Tensor]  # shared across signatures, each stored once
     signatures: dict[str, Signature]
     enable_x64: bool = False
-    exported: dict[str, torch.export.ExportedProgram] = dataclasses.field(default_factory=dict, repr=False)
 
     def signature(self, name: str | None = None) -> Signature:
         if name is None:
@@ -282,7 +281,6 @@ def program_from_exported(
             dim_ranges=ranges,
         )
     prog = Program(weights=weights, signatures=signatures, enable_x64=enable_x64)
-    prog.exported = {k: v[0] for k, v in exported.items()}
     verify_program(prog, "build")
     return prog
 

@@ -11,13 +11,33 @@ import dataclasses
 import math
 import re
 
-__all__ = ["ChipSpec", "Topology", "CHIPS", "TARGETS", "InvalidTopologyError", "chip_for_target", "parse_topology"]
+__all__ = ["ChipSpec", "KernelFacts", "Topology", "CHIPS", "TARGETS", "BY_GENERATION", "InvalidTopologyError", "chip_for_target", "parse_topology"]
 
 GiB = 1024**3
 
 
 class InvalidTopologyError(ValueError):
     """A target or topology name that the chip does not come in."""
+
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelFacts:
+    """What the Pallas kernels size their blocks by (tpu_backend/pallas/config.py)."""
+
+    name: str
+    mxu: int  # systolic array width: 128 (v5e, v5p) or 256 (v6e, tpu7x)
+    vmem_budget: int  # bytes a kernel may plan for: the compiler's default scoped VMEM limit
+    max_rows: int  # row-block cap for the row-wise kernels (norms, int8 matmul M)
+
+
+# vmem_budget is the default *scoped* VMEM limit Mosaic compiles against (not the physical size):
+# kernels that plan within it need no compiler flag. v5e/v5p default to 16 MiB, v6e and tpu7x
+# (Ironwood) to 32 MiB.
+_KERNEL_128 = dict(mxu=128, vmem_budget=16 * MiB, max_rows=512)
+_KERNEL_256 = dict(mxu=256, vmem_budget=32 * MiB, max_rows=1024)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +51,7 @@ class ChipSpec:
     topologies: tuple[str, ...]  # documented slice shapes (chips), smallest first
     dims: int  # 2 for 2D tori (v5e, v6e), 3 for 3D (v5p, tpu7x)
     source: str  # the public page the numbers come from
+    kernel: KernelFacts  # block-size facts for the Pallas kernels
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -55,6 +76,7 @@ CHIPS: dict[str, ChipSpec] = {
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         dims=2,
         source="https://cloud.google.com/tpu/docs/v5e",
+        kernel=KernelFacts("v5e", **_KERNEL_128),
     ),
     "tpu-v6e": ChipSpec(
         target="tpu-v6e",
@@ -68,6 +90,7 @@ CHIPS: dict[str, ChipSpec] = {
         topologies=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         dims=2,
         source="https://cloud.google.com/tpu/docs/v6e",
+        kernel=KernelFacts("v6e", **_KERNEL_256),
     ),
     "tpu-v5p": ChipSpec(
         target="tpu-v5p",
@@ -81,6 +104,7 @@ CHIPS: dict[str, ChipSpec] = {
         topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8"),
         dims=3,
         source="https://cloud.google.com/tpu/docs/tpu7x (v5p column); https://cloud.google.com/tpu/docs/v5p",
+        kernel=KernelFacts("v5p", **_KERNEL_128),
     ),
     "tpu-v7x": ChipSpec(
         target="tpu-v7x",
@@ -96,10 +120,13 @@ CHIPS: dict[str, ChipSpec] = {
         topologies=("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8"),
         dims=3,
         source="https://cloud.google.com/tpu/docs/tpu7x",
+        kernel=KernelFacts("tpu7x", **_KERNEL_256),
     ),
 }
 
 TARGETS = tuple(CHIPS)
+# the same chips by libtpu's generation name ("v6e", "tpu7x"): one table, two ways in
+BY_GENERATION: dict[str, ChipSpec] = {c.libtpu_name: c for c in CHIPS.values()}
 _ALIASES = {"tpu-tpu7x": "tpu-v7x", "tpu7x": "tpu-v7x", "v7x": "tpu-v7x", "ironwood": "tpu-v7x"}
 
 

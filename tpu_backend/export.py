@@ -20,11 +20,11 @@ import torch
 
 from .artifact import structure
 from .artifact.dtypes import name_to_numpy, torch_to_name
+from .artifact.format import PLATFORMS
 from .sharding import MeshSpec, PartitionRules, named_sharding
 
 __all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS"]
 
-PLATFORMS = ("tpu", "cpu", "cuda", "rocm")
 _INT32_MAX = 2**31 - 1
 
 
@@ -65,6 +65,8 @@ class ExportedBundle:
     compiled: list = dataclasses.field(default_factory=list)  # aot.CompiledTarget
     quant: str | None = None  # "weight_only_int8" when linear weights are stored as int8 + scales
     quant_parts: dict = dataclasses.field(default_factory=dict)  # weight name -> (int8 name, scale name)
+    # the runtime program a call runs, made on the first call (weights go to the device once)
+    _program: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     @property
     def quantized_weights(self) -> list[str]:
@@ -88,10 +90,9 @@ class ExportedBundle:
         return TpuProgram.from_bundle(self)
 
     def __call__(self, *args, signature_name: str | None = None, **kwargs):
-        prog = self.__dict__.get("_program")
-        if prog is None:
-            prog = self.__dict__["_program"] = self.to_program()
-        return prog(*args, signature_name=signature_name, **kwargs)
+        if self._program is None:
+            self._program = self.to_program()
+        return self._program(*args, signature_name=signature_name, **kwargs)
 
 
 def x64_scope(enabled: bool):

@@ -26,7 +26,7 @@ from . import structure
 from .dtypes import DTYPE_NAMES
 from .errors import ArtifactVersionError, ManifestError
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MIN_READABLE_VERSION", "manifest_digest", "check_version",
+__all__ = ["PLATFORMS", "FORMAT_NAME", "FORMAT_VERSION", "MIN_READABLE_VERSION", "manifest_digest", "check_version",
            "validate_manifest", "safe_relpath", "parse_json", "MAX_JSON_DEPTH"]
 
 FORMAT_NAME = "tpu-export.tpuexp"
@@ -39,7 +39,8 @@ _TOP_KEYS = {"format", "format_version", "created_by", "program_fingerprint", "p
              "manifest_sha256", "quant"}
 _SINCE = {"quant": 2}  # fields added after version 1, by the version that added them
 _INPUT_SINCE = {"index_bound": 3}  # fields of signatures[*].inputs[*], likewise
-_PLATFORMS = {"tpu", "cpu", "cuda", "rocm"}
+# jax.export platforms an artifact may be lowered for (tpu_backend.export.PLATFORMS is this tuple)
+PLATFORMS = ("tpu", "cpu", "cuda", "rocm")
 _MAX_INT = 2**62  # sizes, dims, counts: far above any real artifact, far below overflow anywhere
 MAX_JSON_DEPTH = 64  # the writer nests a few levels plus two per level of a signature's pytree
 
@@ -131,8 +132,8 @@ def validate_manifest(m: dict) -> None:
     need(isinstance(cb, dict) and all(v is None or isinstance(v, str) for v in cb.values()),
          "created_by must map package names to version strings")
     need(isinstance(m["platforms"], list) and m["platforms"] and _strs(m["platforms"])
-         and set(m["platforms"]) <= _PLATFORMS, f"platforms {m['platforms']!r:.80} must be a list drawn from "
-         f"{sorted(_PLATFORMS)}")
+         and set(m["platforms"]) <= set(PLATFORMS), f"platforms {m['platforms']!r:.80} must be a list drawn from "
+         f"{sorted(PLATFORMS)}")
     need(m["dtype"] in (None, "bfloat16", "float16", "float32"), f"dtype {m['dtype']!r:.80} is not supported")
     need(isinstance(m["enable_x64"], bool), "enable_x64 must be true or false")
     need(isinstance(m["program_fingerprint"], str), "program_fingerprint must be a string")
@@ -216,7 +217,7 @@ def _check_compiled(where, c, files, sigs, need):
          f"{where} needs target, topology, platform, device_kind and report (strings)")
     # Any known platform is accepted here, so artifacts with a CPU compile (tests, older tools)
     # still read; the runtime never loads an executable whose platform is not "tpu".
-    need(c["platform"] in _PLATFORMS, f"{where}.platform {c['platform']!r:.80} is not one of {sorted(_PLATFORMS)}")
+    need(c["platform"] in PLATFORMS, f"{where}.platform {c['platform']!r:.80} is not one of {sorted(PLATFORMS)}")
     need(c["report"] in files, f"{where}.report {c['report']!r:.80} is not listed in files")
     need(_int(c.get("num_devices"), 1), f"{where}.num_devices must be an int > 0")
     v = c.get("versions", {})

@@ -10,6 +10,8 @@ import logging
 
 import numpy as np
 
+from ..chips import BY_GENERATION, KernelFacts
+
 __all__ = [
     "PallasConfig", "TpuGeneration", "GENERATIONS", "block_sizes", "LOG", "lane_divisor_block", "matmul_precision",
 ]
@@ -17,27 +19,11 @@ __all__ = [
 LOG = logging.getLogger("tpu_export.pallas")
 
 LANES = 128  # TPU vector lane width: the last dim of a block is a multiple of this (or the full dim)
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuGeneration:
-    name: str
-    mxu: int  # systolic array width: 128 (v5e, v5p) or 256 (v6e, tpu7x)
-    vmem_budget: int  # bytes a kernel may plan for: the compiler's default scoped VMEM limit
-    max_rows: int  # row-block cap for the row-wise kernels (norms, int8 matmul M)
-
-
 MiB = 1 << 20
 
-# vmem_budget is the default *scoped* VMEM limit Mosaic compiles against (not the physical size):
-# kernels that plan within it need no compiler flag. v5e/v5p default to 16 MiB, v6e and
-# tpu7x (Ironwood) to 32 MiB.
-GENERATIONS: dict[str, TpuGeneration] = {
-    "v5e": TpuGeneration("v5e", mxu=128, vmem_budget=16 * MiB, max_rows=512),
-    "v5p": TpuGeneration("v5p", mxu=128, vmem_budget=16 * MiB, max_rows=512),
-    "v6e": TpuGeneration("v6e", mxu=256, vmem_budget=32 * MiB, max_rows=1024),
-    "tpu7x": TpuGeneration("tpu7x", mxu=256, vmem_budget=32 * MiB, max_rows=1024),
-}
+# Per-generation kernel facts live with the other chip facts (tpu_backend/chips.py, pure Python).
+TpuGeneration = KernelFacts
+GENERATIONS: dict[str, KernelFacts] = {name: chip.kernel for name, chip in BY_GENERATION.items()}
 # generation=None ("any TPU"): the smallest budget and MXU, so the blocks compile everywhere.
 _ANY = TpuGeneration("any", mxu=128, vmem_budget=16 * MiB, max_rows=512)
 
