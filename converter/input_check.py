@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .dtypes import numpy_narrow, numpy_of, to_numpy
+
 __all__ = ["InputTypeError", "InputValueError", "InputIndexError", "bind_inputs", "check_inputs", "to_numpy"]
 
 # Casts the TPU path has always made: the 32-bit dtype the program runs for torch's 64-bit one.
-_NARROW = {np.dtype(np.int64): np.dtype(np.int32), np.dtype(np.float64): np.dtype(np.float32)}
-_DTYPES: dict = {}  # dtype name -> np.dtype
 _CASTS: dict = {}  # (given np.dtype, wanted np.dtype) -> how (see _cast)
 _LAYOUTS = {3: ("NCW", "NWC"), 4: ("NCHW", "NHWC"), 5: ("NCDHW", "NDHWC")}
 
@@ -32,33 +32,6 @@ class InputValueError(ValueError):
 
 class InputIndexError(IndexError):
     """An id outside its embedding table (torch: "index out of range in self")."""
-
-
-def _np_dtype(name):
-    d = _DTYPES.get(name)
-    if d is None:
-        if name == "bfloat16":
-            import ml_dtypes  # only programs with bf16 inputs need it
-
-            d = np.dtype(ml_dtypes.bfloat16)
-        else:
-            d = np.dtype(name)
-        _DTYPES[name] = d
-    return d
-
-
-def to_numpy(x) -> np.ndarray:
-    """A torch tensor (bf16 included), numpy array or Python value as numpy, without a copy where possible."""
-    if isinstance(x, torch.Tensor):
-        # attribute checks, not detach()/device.type: this runs on every call of a small model
-        if x.requires_grad:
-            x = x.detach()
-        if not x.is_cpu:
-            x = x.cpu()
-        if x.dtype == torch.bfloat16:
-            return x.contiguous().view(torch.int16).numpy().view(_np_dtype("bfloat16"))
-        return x.numpy()
-    return np.asarray(x)
 
 
 def bind_inputs(sig: str, names: list, args, kwargs: dict, *, flatten=None, keywords=()) -> list:
@@ -109,7 +82,7 @@ def _cast(given, want) -> str:
     if how is None:
         if given == want:
             how = "same"
-        elif _NARROW.get(given) != want and not np.can_cast(given, want, "same_kind"):
+        elif numpy_narrow(given) != want and not np.can_cast(given, want, "same_kind"):
             how = "refuse"
         elif given.kind in "iu" and want.kind in "iu" and not np.can_cast(given, want):
             how = "narrow"
@@ -121,7 +94,7 @@ def _cast(given, want) -> str:
 
 def _check(sig, spec, a, ranges, sizes) -> np.ndarray:
     name, want = spec["name"], spec.get("dtype")
-    want = _DTYPES.get(want) or (_np_dtype(want) if want is not None else a.dtype)
+    want = numpy_of(want) if want is not None else a.dtype
     how = _cast(a.dtype, want)
     if how == "refuse":
         raise InputTypeError(f"input {name!r} is {a.dtype}; signature {sig!r} takes {want}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.utils._pytree as pytree
 
-NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
+from .dtypes import NARROW
 
 
 def _narrow(v):

@@ -11,7 +11,8 @@ import warnings
 
 import torch
 
-from ..interpret import NARROW, NarrowingInterpreter
+from ..dtypes import NARROW
+from ..interpret import NarrowingInterpreter
 from ..errors import DtypePolicyError, source_line
 from ..program import Program, refresh_signature_specs
 from ..registry import op_name
