@@ -100,7 +100,7 @@ def _flatten(spec, keywords, args, kwargs) -> list:
 def _keywords(spec) -> list:
     """The top-level keyword names of an exported (args, kwargs) spec."""
     try:
-        return [k for k in spec.children_specs[1].context if isinstance(k, str)]
+        return [k for k in spec.children()[1].context if isinstance(k, str)]
     except (AttributeError, IndexError, TypeError):
         return []
 
