@@ -44,27 +44,64 @@ def _interpreter(tflite: bytes, arena: int):
 
 
 def measure_arena(tflite: bytes) -> int:
-    """Bytes of tensor arena the model needs, as TFLite Micro's RecordingMicroAllocator reports them.
+    """Bytes of tensor arena the model needs: TFLite Micro's RecordingMicroAllocator report, raised to the
+    smallest arena the model loads in.
 
     Measured on this host (64-bit pointers); a 32-bit MCU needs slightly less for the same model.
-    ``print_allocations`` writes from C++ to stderr, so fd 2 (stderr) is captured around the call.
     """
     interp = _interpreter(tflite, _PROBE_ARENA)
+    text = _stderr_of(interp.print_allocations)
+    m = re.search(r"Arena allocation total (\d+) bytes", text)
+    if not m:
+        raise TflmError(f"could not read the arena size from TFLite Micro's report:\n{text[:2000]}")
+    return _smallest_that_loads(tflite, int(m.group(1)))
+
+
+def _stderr_of(fn) -> str:
+    """What ``fn`` writes to fd 2 from C++ (TFLite Micro logs there, through C stdio's buffer)."""
     with tempfile.TemporaryFile() as tmp:
         saved = os.dup(2)
         try:
             os.dup2(tmp.fileno(), 2)
-            interp.print_allocations()
-            _flush_c_stdout()  # the report goes through C stdio's buffer
+            fn()
+            _flush_c_stdout()
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         tmp.seek(0)
-        text = tmp.read().decode(errors="replace")
-    m = re.search(r"Arena allocation total (\d+) bytes", text)
-    if not m:
-        raise TflmError(f"could not read the arena size from TFLite Micro's report:\n{text[:2000]}")
-    return int(m.group(1))
+        return tmp.read().decode(errors="replace")
+
+
+def _loads(tflite: bytes, arena: int) -> bool:
+    ok = []
+
+    def attempt():
+        try:
+            _interpreter(tflite, arena)
+            ok.append(True)
+        except TflmError:
+            pass
+
+    _stderr_of(attempt)  # a probe too small logs its failed allocations: not the user's to read
+    return bool(ok)
+
+
+def _smallest_that_loads(tflite: bytes, reported: int) -> int:
+    """The report leaves out the temporary allocations kernels make while they prepare (a tiny model's
+    CONV_2D needs ~100 bytes more than reported): grow from the report until the model loads, then
+    bisect back, in TFLite Micro's 16-byte alignment steps."""
+    if _loads(tflite, reported):
+        return reported
+    lo, step = reported, 16
+    while not _loads(tflite, lo + step):
+        lo, step = lo + step, step * 2
+        if lo > _PROBE_ARENA:
+            raise TflmError(f"the model does not load in TFLite Micro even with a {lo}-byte arena")
+    hi = lo + step
+    while hi - lo > 16:
+        mid = lo + (hi - lo) // 32 * 16
+        lo, hi = (lo, mid) if _loads(tflite, mid) else (mid, hi)
+    return hi
 
 
 def _flush_c_stdout() -> None:
