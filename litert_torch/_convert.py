@@ -25,7 +25,7 @@ class Converter:
         return self
 
     def convert(self, module=None, sample_args=None, sample_kwargs=None, *, strict_export="auto",
-                quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False, target=None):
+                quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False):
         from converter import prepare_many
         from converter.gc_pause import gc_paused
         from edge import convert_program
@@ -33,7 +33,6 @@ class Converter:
 
         from ._model import Model
 
-        _not_yet(target)
         quant = as_quant_config(quant_config)  # an unknown scheme fails before capture
         if calibration_data is not None and (quant is None or not quant.needs_calibration):
             raise ValueError(f"calibration_data is only used by static int8 quantization; quant_config is "
@@ -52,13 +51,8 @@ class Converter:
         return Model(tflite)
 
 
-def _not_yet(target):
-    if target is not None:
-        raise NotImplementedError("litert_torch.convert: target is not supported yet (target=None)")
-
-
 def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto", quant_config=None,
-            calibration_data=None, dynamic_shapes=None, enable_x64=False, target=None):
+            calibration_data=None, dynamic_shapes=None, enable_x64=False):
     """Convert ``module`` (called as module(*sample_args, **sample_kwargs)) to a LiteRT Model.
 
     ``quant_config``: a scheme name ("dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16",
@@ -67,7 +61,7 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
     """
     return Converter().convert(module, sample_args, sample_kwargs, strict_export=strict_export,
                                quant_config=quant_config, calibration_data=calibration_data,
-                               dynamic_shapes=dynamic_shapes, enable_x64=enable_x64, target=target)
+                               dynamic_shapes=dynamic_shapes, enable_x64=enable_x64)
 
 
 def signature(name: str, module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None) -> Converter:

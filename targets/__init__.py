@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from converter.lazy_exports import lazy_getattr
 
+from .options import EdgeOptions, IotOptions, OptionsError, TpuOptions, XlaOptions, options_for
 from .registry import TARGETS, Target, UnknownTargetError, get_target
 
 __all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "check_for_target", "package",
            "compatibility", "Report", "CompatibilityError", "BudgetError", "QuantizationError",
-           "chip_facts", "check_topology"]
+           "chip_facts", "check_topology", "options_for", "OptionsError", "EdgeOptions", "IotOptions",
+           "XlaOptions", "TpuOptions"]
 
 _WHERE = {
     "check_for_target": "checks", "package": "checks",

@@ -2,16 +2,23 @@
 
     reports = check_for_target(prog_or_tflite, "android", strict=False)   # prints the summary
     written = package("web", prog, "out/")                                 # {file name: path}
+
+What differs between targets (I/O dtypes, quantization, the package's files) is a hook of the target
+(targets/registry.py); the options are the target's typed options (targets/options.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import numpy as np
 
 from .compat import compatibility
+from .options import EdgeOptions, options_for
 from .registry import get_target
 
-__all__ = ["check_for_target", "package", "lower_for_target", "calibration_samples", "resolve_quant"]
+__all__ = ["check_for_target", "package", "package_edge", "lower_for_target", "calibration_samples", "PackageJob"]
 
 
 def _say(say):
@@ -22,20 +29,18 @@ def _is_tflite(x) -> bool:
     return isinstance(x, (bytes, bytearray, memoryview))
 
 
-def lower_for_target(prog, target, *, channel_last=None) -> bytes:
+def lower_for_target(prog, target, *, channel_last_io=None) -> bytes:
     """Program -> float .tflite with the target's layout default (NHWC image I/O on android/ios/iot)."""
     from .mobile import lower_edge
 
     t = get_target(target)
     if t.backend != "edge":
         raise ValueError(f"target {t.name!r} uses the {t.backend} backend, not LiteRT")
-    if channel_last is None:
-        channel_last = t.options.get("channel_last_io", False)
-    return lower_edge(prog, channel_last=channel_last)
+    return lower_edge(prog, channel_last=t.channel_last_io if channel_last_io is None else channel_last_io)
 
 
 def check_for_target(prog_or_bytes, target, strict: bool = False, *, delegates=None, topology=None,
-                     say=None, channel_last=None) -> list:
+                     say=None, channel_last_io=None) -> list:
     """Check a Program or .tflite bytes against ``target``; returns the compatibility Reports printed.
 
     Edge targets: every delegate table of the target (or ``delegates``) reports accelerated vs
@@ -52,11 +57,8 @@ def check_for_target(prog_or_bytes, target, strict: bool = False, *, delegates=N
             say(f"{t.name}: topology {topo.libtpu_name} ({topo.chips} chips, {topo.devices} devices)")
         return []
     tflite = bytes(prog_or_bytes) if _is_tflite(prog_or_bytes) else lower_for_target(
-        prog_or_bytes, t, channel_last=channel_last)
-    if t.name == "web":
-        from .web import check_web_io
-
-        check_web_io(tflite)
+        prog_or_bytes, t, channel_last_io=channel_last_io)
+    t.check_io(tflite)
     reports = [compatibility(tflite, t, delegate=d) for d in (delegates or t.delegates)]
     for r in reports:
         say(r.summary())
@@ -94,87 +96,64 @@ def calibration_samples(tflite: bytes, samples, *, channel_last_inputs=()) -> li
     return out
 
 
-def package(target, prog_or_bytes, out_dir: str, *, name: str = "model", strict: bool = False, say=None,
-            **options) -> dict:
+def package(target, prog_or_bytes, out_dir: str, *, name: str = "model", say=None, **options) -> dict:
     """Lower (if given a Program), check, and write ``target``'s files into ``out_dir``; {file: path}.
 
-    Options: ``channel_last`` (edge layout override), ``quant_config`` (a scheme of edge/quantize.py the
-    target's runtime runs; iot: always static int8), ``calibration_data`` (static int8), ``fp16_weights``
-    (= quant_config "fp16"), ``verify_inputs``, ``flash_kib``, ``ram_kib`` (iot), ``topology``, ``aot`` (TPU).
+    ``options`` are the target's (targets/options.py), checked before anything is lowered: edge targets
+    ``channel_last_io``, ``strict_ops``, ``quant_config`` (a scheme the target's runtime runs; iot: always
+    static int8), ``calibration_data`` (static int8), and on iot ``verify_inputs``, ``flash_kib``,
+    ``ram_kib``; TPU targets ``topology``, ``aot`` (here: off unless asked), ``use_pallas``, ``dtype``, ...
     """
     t = get_target(target)
     say = _say(say)
     if t.backend == "tpu":
-        return _package_tpu(t, prog_or_bytes, out_dir, name, say, **options)
-    channel_last = options.pop("channel_last", None)
-    if channel_last is None:
-        channel_last = t.options.get("channel_last_io", False)
-    # before lowering: the scheme against the target, the calibration samples against the signature
-    quant, calibration = _quant_options(t, options)
-    _no_leftovers(t, {k: v for k, v in options.items() if not (t.name == "iot" and k in _IOT_OPTIONS)})
+        import os
+
+        from .tpu import write_tpu_artifact
+
+        if t.chip is not None:
+            options.setdefault("aot", False)  # a package compiles only when asked; convert does when it can
+        opts = options_for(t, options)
+        check_for_target(prog_or_bytes, t, topology=getattr(opts, "topology", None), say=say)
+        path = os.path.join(out_dir, f"{name}.tpuexp")
+        write_tpu_artifact(prog_or_bytes, t, opts, path, say)
+        return {f"{name}.tpuexp": path}
+    return package_edge(t, prog_or_bytes, out_dir, options_for(t, {"name": name, **options}), say)
+
+
+@dataclasses.dataclass(frozen=True)
+class PackageJob:
+    """What a target's ``finish`` hook needs beside the float .tflite."""
+
+    prog_or_bytes: object  # the Program (or the .tflite bytes) being packaged
+    out_dir: str
+    name: str  # file stem
+    options: EdgeOptions
+    quant: object  # QuantConfig or None
+    feeds: object  # calibration samples in the .tflite's layout, or None
+    channel_last_io: bool  # resolved: the option, or the target's default
+    say: Callable[[str], None]
+
+
+def package_edge(t, prog_or_bytes, out_dir: str, opts: EdgeOptions, say) -> dict:
+    """``package`` for an edge target whose options are already checked."""
+    from .quantize import resolve_quant
+
+    channel_last = opts.channel_last_for(t)
+    quant = resolve_quant(t, opts.quant_config, opts.calibration_data)
+    calibration = opts.calibration_data
+    # before lowering: the calibration samples against the signature
     feeds = _program_feeds(prog_or_bytes, calibration, channel_last) if calibration is not None else None
     tflite = bytes(prog_or_bytes) if _is_tflite(prog_or_bytes) else lower_for_target(
-        prog_or_bytes, t, channel_last=channel_last)
+        prog_or_bytes, t, channel_last_io=channel_last)
     if calibration is not None and feeds is None:
         feeds = _tflite_feeds(prog_or_bytes, tflite, calibration, channel_last)
-    if t.name == "iot":
-        return _package_iot(t, prog_or_bytes, tflite, out_dir, name, strict, say, channel_last, quant, feeds,
-                            **options)
-    if quant is not None:
-        from edge.quantize import quantize_tflite
-
-        tflite = quantize_tflite(tflite, quant, feeds)
-    check_for_target(tflite, t, strict=strict, say=say)
-    from .files import write_files
-
-    if t.name == "web":
-        from .web import write_web_package
-
-        return write_web_package(tflite, out_dir, name)
-    return write_files(out_dir, {f"{name}.tflite": tflite})
+    job = PackageJob(prog_or_bytes, out_dir, opts.name or "model", opts, quant, feeds, channel_last, say)
+    return t.finish(tflite, job)
 
 
-_IOT_OPTIONS = ("verify_inputs", "flash_kib", "ram_kib")
-
-
-def _no_leftovers(t, options) -> None:
-    if options:
-        raise TypeError(f"target {t.name!r} does not take option(s) {', '.join(sorted(options))}")
-
-
-def _quant_options(t, options) -> tuple:
-    """(QuantConfig or None, calibration data) from the options, which it consumes."""
-    quant, calibration = resolve_quant(t, options)
-    for k in ("quant_config", "fp16_weights", "calibration_data"):
-        options.pop(k, None)
-    return quant, calibration
-
-
-def resolve_quant(t, options) -> tuple:
-    """(QuantConfig or None, calibration data) that ``options`` ask of target ``t``; iot is always static
-    int8. Checks the scheme against the target's runtime and the calibration data against the scheme,
-    without touching the model: converter.convert runs it for every target before capture."""
-    from .quantize import QuantizationError, check_scheme
-
-    t = get_target(t)
-    quant = options.get("quant_config")
-    if options.get("fp16_weights", t.options.get("fp16_weights", False)):
-        quant = quant or "fp16"
-    if t.name == "iot" and quant is None:
-        quant = "static_int8"
-    quant = check_scheme(t, quant)
-    calibration = options.get("calibration_data")
-    if quant is not None and quant.needs_calibration and calibration is None:
-        raise QuantizationError(f"target {t.name!r}: {quant.scheme} builds a full-integer int8 model and needs "
-                                "calibration_data (a list of sample inputs: tuples of the module's args, or "
-                                "{input name: array})")
-    if calibration is not None and (quant is None or not quant.needs_calibration):
-        raise TypeError(f"target {t.name!r} does not take option calibration_data without a static quant_config "
-                        "(e.g. quant_config='static_int8')")
-    return quant, calibration
-
-
-def _channel_last_inputs(prog_or_bytes, channel_last) -> tuple:
+def nhwc_inputs(prog_or_bytes, channel_last) -> tuple:
+    """Indices of the inputs the .tflite takes NHWC (none for .tflite bytes or channel_last False)."""
     if _is_tflite(prog_or_bytes) or not channel_last:
         return ()
     from .mobile import channel_last_io
@@ -194,8 +173,7 @@ def _program_feeds(prog_or_bytes, calibration, channel_last) -> dict | None:
         return None
     from edge.quantize import calibration_feeds
 
-    return calibration_feeds(prog_or_bytes, samples, channel_last_inputs=_channel_last_inputs(prog_or_bytes,
-                                                                                               channel_last))
+    return calibration_feeds(prog_or_bytes, samples, channel_last_inputs=nhwc_inputs(prog_or_bytes, channel_last))
 
 
 def _tflite_feeds(prog_or_bytes, tflite, calibration, channel_last) -> dict:
@@ -203,33 +181,5 @@ def _tflite_feeds(prog_or_bytes, tflite, calibration, channel_last) -> dict:
         return calibration  # {signature: [{input name: array}]} already
     from .tflite_io import signatures
 
-    cl_inputs = _channel_last_inputs(prog_or_bytes, channel_last)
+    cl_inputs = nhwc_inputs(prog_or_bytes, channel_last)
     return {next(iter(signatures(tflite))): calibration_samples(tflite, calibration, channel_last_inputs=cl_inputs)}
-
-
-def _package_iot(t, prog_or_bytes, float_tflite, out_dir, name, strict, say, channel_last, quant, cal, *,
-                 verify_inputs=None, flash_kib=None, ram_kib=None) -> dict:
-    from .iot import convert_iot, write_iot_package
-
-    ver = None if verify_inputs is None else calibration_samples(
-        float_tflite, verify_inputs, channel_last_inputs=_channel_last_inputs(prog_or_bytes, channel_last))
-    model = convert_iot(float_tflite, cal, verify_inputs=ver, io_dtype=quant.io_dtype)
-    say(model.compat.summary())
-    say(model.summary())
-    return write_iot_package(model, out_dir, name, flash_kib=flash_kib, ram_kib=ram_kib)
-
-
-def _package_tpu(t, prog, out_dir, name, say, *, topology=None, aot=False, **rest) -> dict:
-    import os
-
-    import tpu_backend
-
-    _no_leftovers(t, rest)
-    check_for_target(prog, t, topology=topology, say=say)
-    bundle = tpu_backend.export_program(prog, platforms=t.platforms)
-    if aot and t.chip is not None:
-        bundle.compile_for(t.name, topology or t.default_topology)
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"{name}.tpuexp")
-    tpu_backend.save(bundle, path)
-    return {f"{name}.tpuexp": path}

@@ -19,7 +19,7 @@ from .quantize import quantize_int8
 from .tflm_run import io_names, measure_arena, run_tflm
 
 __all__ = ["IotModel", "BudgetError", "NotFullIntegerError", "convert_iot", "c_sources", "check_budget",
-           "write_iot_package"]
+           "write_iot_package", "package_iot"]
 
 # Ops whose float side is the model boundary, not computation.
 _BOUNDARY_OPS = {"QUANTIZE", "DEQUANTIZE"}
@@ -194,3 +194,17 @@ def write_iot_package(model: IotModel, out_dir: str, name: str = "model", *, fla
     header, source = c_sources(model.tflite, name, model.arena_bytes)
     return write_files(out_dir, {f"{name}.tflite": model.tflite, f"{name}_model.h": header.encode(),
                                  f"{name}_model.c": source.encode()})
+
+
+def package_iot(float_tflite: bytes, job) -> dict:
+    """The iot target's ``finish`` hook: int8 through TFLite Micro (convert_iot), then the C package within
+    the budgets of ``job.options`` (IotOptions)."""
+    from .checks import calibration_samples, nhwc_inputs
+
+    o = job.options
+    ver = None if o.verify_inputs is None else calibration_samples(
+        float_tflite, o.verify_inputs, channel_last_inputs=nhwc_inputs(job.prog_or_bytes, job.channel_last_io))
+    model = convert_iot(float_tflite, job.feeds, verify_inputs=ver, io_dtype=job.quant.io_dtype)
+    job.say(model.compat.summary())
+    job.say(model.summary())
+    return write_iot_package(model, job.out_dir, job.name, flash_kib=o.flash_kib, ram_kib=o.ram_kib)

@@ -8,38 +8,47 @@ from edge.quantize import QuantConfig, QuantizationError, as_quant_config, quant
 
 from .registry import get_target
 
-__all__ = ["QuantizationError", "QuantConfig", "unique_tensor_names", "quantize_int8",
-           "target_quant_config", "check_scheme"]
+__all__ = ["QuantizationError", "QuantConfig", "unique_tensor_names", "quantize_int8", "resolve_quant",
+           "web_scheme", "iot_scheme"]
 
 # The LiteRT interpreter (Android, iOS, desktop CPUs) runs every scheme; LiteRT.js tensors hold float32,
 # int32 and uint8 only (targets/web.py), so int8 inputs/outputs are out there; TFLite Micro has integer
 # kernels only: full-integer int8 (no hybrid FULLY_CONNECTED/CONV_2D, no int4 or float16 DEQUANTIZE).
+# Each rule is the quant_scheme hook of its target class (targets/registry.py).
 _IOT_SCHEMES = ("static_int8",)
 
 
-def target_quant_config(target, quant_config) -> QuantConfig | None:
-    """``quant_config`` as a QuantConfig for ``target``: a bare "static_int8" means int8 I/O on iot
-    (what a microcontroller feeds) and float I/O elsewhere."""
-    t = get_target(target)
-    cfg = as_quant_config(quant_config)
-    if isinstance(quant_config, str) and t.name == "iot" and cfg.scheme == "static_int8":
-        return QuantConfig(cfg.scheme, io_dtype="int8")
-    return cfg
-
-
-def check_scheme(target, quant_config) -> QuantConfig | None:
-    """Fail (QuantizationError) when ``target``'s runtime cannot run the scheme; before any work."""
-    t = get_target(target)
-    cfg = target_quant_config(t, quant_config)
-    if cfg is None:
-        return None
-    if t.name == "iot" and (cfg.recipe is not None or cfg.scheme not in _IOT_SCHEMES):
-        raise QuantizationError(f"target 'iot' (TFLite Micro) runs full-integer int8 only: quant_config "
-                                f"{cfg.scheme!r} is not runnable there; use 'static_int8' with calibration_data")
-    if t.name == "web" and cfg.io_dtype == "int8":
+def web_scheme(cfg: QuantConfig | None) -> QuantConfig | None:
+    if cfg is not None and cfg.io_dtype == "int8":
         raise QuantizationError("target 'web': LiteRT.js tensors hold float32, int32 and uint8, not int8; "
                                 "use QuantConfig('static_int8', io_dtype='float32')")
     return cfg
+
+
+def iot_scheme(quant_config) -> QuantConfig:
+    """Always full-integer int8; a bare "static_int8" (or none) means int8 I/O, what a microcontroller feeds."""
+    cfg = as_quant_config("static_int8" if quant_config is None else quant_config)
+    if isinstance(quant_config, str) or quant_config is None:
+        cfg = QuantConfig(cfg.scheme, io_dtype="int8") if cfg.scheme == "static_int8" else cfg
+    if cfg.recipe is not None or cfg.scheme not in _IOT_SCHEMES:
+        raise QuantizationError(f"target 'iot' (TFLite Micro) runs full-integer int8 only: quant_config "
+                                f"{cfg.scheme!r} is not runnable there; use 'static_int8' with calibration_data")
+    return cfg
+
+
+def resolve_quant(target, quant_config, calibration_data) -> QuantConfig | None:
+    """The QuantConfig ``target``'s runtime runs for ``quant_config`` (its ``quant_scheme`` hook), with the
+    calibration data checked against the scheme, without touching the model: before capture."""
+    t = get_target(target)
+    quant = t.quant_scheme(quant_config)
+    if quant is not None and quant.needs_calibration and calibration_data is None:
+        raise QuantizationError(f"target {t.name!r}: {quant.scheme} builds a full-integer int8 model and needs "
+                                "calibration_data (a list of sample inputs: tuples of the module's args, or "
+                                "{input name: array})")
+    if calibration_data is not None and (quant is None or not quant.needs_calibration):
+        raise TypeError(f"target {t.name!r} does not take option calibration_data without a static quant_config "
+                        "(e.g. quant_config='static_int8')")
+    return quant
 
 
 def _signature_inputs(tflite: bytes) -> dict[str, list[str]]:

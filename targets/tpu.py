@@ -1,10 +1,11 @@
-"""TPU targets: the chip facts and topologies live in tpu_backend.chips; this module only looks them up."""
+"""StableHLO targets: the chip facts and topologies live in tpu_backend.chips (looked up here), and the
+one writer of their artifact (package and tpu_export.convert both use it)."""
 
 from __future__ import annotations
 
 from .registry import get_target
 
-__all__ = ["chip_facts", "check_topology"]
+__all__ = ["chip_facts", "check_topology", "write_tpu_artifact"]
 
 
 def chip_facts(target):
@@ -33,4 +34,31 @@ def check_topology(target, topology: str | None = None):
 def _tpu_targets():
     from .registry import TARGETS
 
-    return [(n, t) for n, t in TARGETS.items() if t.chip is not None]
+    return [(n, t) for n, t in TARGETS.items() if getattr(t, "chip", None) is not None]
+
+
+def write_tpu_artifact(prog, target, opts, path: str, say) -> dict:
+    """Export ``prog`` for ``target`` with its checked options (XlaOptions / TpuOptions) and save it at
+    ``path``; AOT-compiled for the chip when ``opts.aot`` and libtpu is installed. Returns the summary info."""
+    import importlib.util
+
+    import tpu_backend
+
+    t = get_target(target)
+    say(f"{t.name}: lowering to JAX and exporting StableHLO for {', '.join(t.platforms)}")
+    bundle = tpu_backend.export_program(prog, platforms=t.platforms, **opts.export_kwargs(t))
+    info = {"platforms": list(t.platforms)}
+    if bundle.quant is not None:
+        info["quant"] = {"scheme": bundle.quant, "int8_weights": len(bundle.quantized_weights)}
+    if t.chip is not None and opts.aot:
+        if importlib.util.find_spec("libtpu") is not None:
+            topology = opts.topology or t.default_topology
+            say(f"{t.name}: AOT-compiling for {topology} with libtpu")
+            compiled = bundle.compile_for(t.name, topology)
+            info["aot"] = {"topology": topology, "report": getattr(compiled, "report", None)}
+        else:
+            say(f"{t.name}: libtpu is not installed; writing StableHLO only (pip install 'libtpu==0.0.42.*' "
+                "to add the AOT-compiled executable)")
+    say(f"{t.name}: writing {path}")
+    tpu_backend.save(bundle, path)
+    return info

@@ -11,7 +11,7 @@ import json
 from .tflite_io import signatures
 
 __all__ = ["LITERTJS_VERSION", "LITERTJS_DTYPES", "WebTargetError", "check_web_io", "es_module_snippet",
-           "write_web_package"]
+           "web_package_files"]
 
 LITERTJS_VERSION = "2.5.3"
 # @litertjs/core 2.5.3 dist/index.d.ts, DATATYPES: the dtypes a Tensor can hold.
@@ -85,10 +85,8 @@ export async function run(model, inputs, signature = DEFAULT_SIGNATURE) {{
 """
 
 
-def write_web_package(tflite: bytes, out_dir: str, name: str = "model") -> dict:
-    """Write <name>.tflite and <name>.js (the ES module above) into ``out_dir``."""
-    from .files import write_files
-
+def web_package_files(tflite: bytes, name: str = "model") -> dict:
+    """{<name>.tflite, <name>.js (the ES module above)}: the web target's package, its I/O checked."""
     check_web_io(tflite)
-    return write_files(out_dir, {f"{name}.tflite": tflite,
-                                 f"{name}.js": es_module_snippet(tflite, f"{name}.tflite").encode()})
+    return {f"{name}.tflite": tflite, f"{name}.js": es_module_snippet(tflite, f"{name}.tflite").encode()}
+

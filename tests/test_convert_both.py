@@ -68,7 +68,66 @@ def test_unknown_option_and_target_fail_before_capture(tmp_path):
         tpu_export.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "a", bogus=1)
     with pytest.raises(ValueError, match="known targets"):
         tpu_export.convert(Net(), _args(), targets=["tpu-v99"], out_dir=tmp_path / "b")
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # a TPU option with only edge targets: no target of the call takes it (before: refused after capture)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) mesh: no target of this call \(android\)"):
+        tpu_export.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "c", mesh={"data": 2})
+    with pytest.raises(TypeError, match="option to_channel_last_io is gone; use channel_last_io"):
+        tpu_export.convert(Net(), _args(), targets=["android"], out_dir=tmp_path / "d", to_channel_last_io=True)
+    assert not [p for p in tmp_path.iterdir()]
+
+
+def _image_model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                            torch.nn.Linear(4 * 8 * 8, 5)).eval()
+    g = torch.Generator().manual_seed(1)
+    return m, (torch.randn(1, 3, 8, 8, generator=g),), [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
+
+
+def test_per_target_options_one_capture(tmp_path):
+    """web (float), iot (needs calibration data, which web refuses) and tpu-v6e (a topology) from one call."""
+    import tpu_backend
+    from targets import TpuOptions
+
+    m, args, cal = _image_model()
+    lines = []
+    written = tpu_export.convert(m, args, out_dir=tmp_path, progress=lines.append,
+                                 targets={"web": {}, "iot": {"calibration_data": cal, "ram_kib": 512},
+                                          "tpu-v6e": TpuOptions(topology="2x2")})
+    assert sum(line.startswith("capture:") for line in lines) == 1
+    assert sorted(os.listdir(tmp_path / "iot")) == ["iot.tflite", "iot_model.c", "iot_model.h"]
+    assert sorted(os.listdir(tmp_path / "web")) == ["web.js", "web.tflite"]
+    assert json.loads((tmp_path / "summary.json").read_text())["targets"]["tpu-v6e"]["aot"]["topology"] == "2x2"
+    assert max_rel_err(tpu_backend.load(written["tpu-v6e"])(*args), m(*args)) <= 1e-5
+    # shared options still reach every target of their kind; per-target ones add to them
+    with pytest.raises(TypeError, match="'web' does not take option calibration_data without a static"):
+        tpu_export.convert(m, args, targets=["web", "iot"], out_dir=tmp_path / "x", calibration_data=cal)
+    with pytest.raises(TypeError, match="put the shared option.* topology"):
+        tpu_export.convert(m, args, targets={"tpu-v6e": TpuOptions()}, out_dir=tmp_path / "x", topology="2x2")
+    with pytest.raises(ValueError, match="named twice"):
+        tpu_export.convert(m, args, targets=["web", "web"], out_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+
+
+def test_cli_per_target_options(tmp_path, capsys):
+    m, args, cal = _image_model()
+    pt2, npz = tmp_path / "m.pt2", tmp_path / "cal.npz"
+    torch.export.save(torch.export.export(m, args), str(pt2))
+    np.savez(npz, x=torch.cat([c[0] for c in cal]).numpy()[:, None])
+    out = tmp_path / "out"
+    assert main(["convert", str(pt2), "--target", "web", "--target", f"iot:calibration={npz},ram-kib=512",
+                 "--target", "android:channel-last=off", "-o", str(out), "--quiet"]) == 0
+    assert sorted(os.listdir(out)) == ["android", "iot", "summary.json", "web"]
+    from targets.tflite_io import signatures
+
+    (ins, _), = signatures((out / "android" / "android.tflite").read_bytes()).values()
+    assert ins[0].shape == (1, 3, 8, 8)  # channel-last=off for android only
+    capsys.readouterr()
+    assert main(["convert", str(pt2), "--target", "iot:ram=1", "-o", str(tmp_path / "bad")]) == 2
+    assert "unknown key 'ram'; keys: topology, use-pallas" in capsys.readouterr().err
+    assert main(["convert", str(pt2), "--target", "iot:ram-kib=lots", "-o", str(tmp_path / "bad")]) == 2
+    assert "ram-kib takes a number of KiB, got 'lots'" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
 
 
 def test_cli_convert_inspect_run_round_trip(tmp_path, capsys):

@@ -14,6 +14,8 @@ EPILOG = """examples:
   tpu-export demo
   tpu-export targets
   tpu-export convert model.pt2 --target tpu-v6e --topology 2x2 --target android -o out/
+  tpu-export convert model.pt2 --target web --target iot:calibration=cal.npz,ram-kib=256 \
+      --target tpu-v6e:topology=2x2 -o out/
   tpu-export convert mypkg.models:build --target web --dynamic-batch -o out/
   tpu-export inspect out/model.tflite
   tpu-export inspect out/model.tpuexp
@@ -57,6 +59,9 @@ def load_model_spec(spec: str):
 def cmd_convert(a) -> int:
     from .multi_target import convert
 
+    targets = dict(_target_spec(t) for t in a.target)
+    if len(targets) != len(a.target):
+        raise CliError("a target is named twice; give each --target once (its options after a colon)")
     module, args, kwargs = load_model_spec(a.model)
     dyn = None
     if a.dynamic_batch:
@@ -66,26 +71,63 @@ def cmd_convert(a) -> int:
             raise CliError("--dynamic-batch needs a factory MODEL (a .pt2 carries its own dynamic shapes)")
         batch = torch.export.Dim("batch", min=1, max=a.max_batch)
         dyn = tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in args)
-    opts = {}
-    if a.topology:
-        opts["topology"] = a.topology
-    if a.use_pallas is not None:
-        opts["use_pallas"] = {"on": True, "off": False, "auto": "auto"}[a.use_pallas]
-    if a.dtype:
-        opts["dtype"] = a.dtype
-    if a.quantize:
-        opts["quant_config"] = a.quantize
-    if a.calibration:
-        opts["calibration_data"] = _load_calibration(a.calibration)
-    if a.strict:
-        opts["strict_ops"] = True
-    if a.channel_last:
-        opts["to_channel_last_io"] = True
-    written = convert(module, args, kwargs, targets=a.target, out_dir=a.output, dynamic_shapes=dyn,
-                      progress=_progress(a.quiet), **opts)
+    shared = {}
+    for key, flag in _SHARED_FLAGS.items():
+        value = getattr(a, flag)
+        if value not in (None, False):
+            shared[_OPTION[key][0]] = _OPTION[key][1](str(value), key)
+    written = convert(module, args, kwargs, targets=targets, out_dir=a.output, dynamic_shapes=dyn,
+                      progress=_progress(a.quiet), **shared)
     for t, p in written.items():
         print(f"{t}: {p}")
     return 0
+
+
+def _bool(text: str, key: str) -> bool:
+    if text.lower() in ("1", "true", "on", "yes"):
+        return True
+    if text.lower() in ("0", "false", "off", "no"):
+        return False
+    raise CliError(f"{key} takes on or off{' or auto' if key == 'use-pallas' else ''}, got {text!r}")
+
+
+def _kib(text: str, key: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise CliError(f"{key} takes a number of KiB, got {text!r}") from None
+
+
+# CLI key -> (option name, parser of its text); a --target NAME:KEY=VALUE item and the --KEY flag share them
+_OPTION = {
+    "topology": ("topology", lambda v, k: v),
+    "use-pallas": ("use_pallas", lambda v, k: "auto" if v == "auto" else _bool(v, k)),
+    "dtype": ("dtype", lambda v, k: v),
+    "quantize": ("quant_config", lambda v, k: v),
+    "calibration": ("calibration_data", lambda v, k: _load_calibration(v)),
+    "verify": ("verify_inputs", lambda v, k: _load_calibration(v)),
+    "strict": ("strict_ops", _bool),
+    "channel-last": ("channel_last_io", _bool),
+    "flash-kib": ("flash_kib", _kib),
+    "ram-kib": ("ram_kib", _kib),
+}
+# the flags given once for every target of the call (argparse dest per CLI key)
+_SHARED_FLAGS = {"topology": "topology", "use-pallas": "use_pallas", "dtype": "dtype", "quantize": "quantize",
+                 "calibration": "calibration", "strict": "strict", "channel-last": "channel_last"}
+
+
+def _target_spec(item: str) -> tuple[str, dict]:
+    """'iot:calibration=cal.npz,ram-kib=256' -> ("iot", {"calibration_data": [...], "ram_kib": 256.0})."""
+    name, _, rest = item.partition(":")
+    opts = {}
+    for part in filter(None, rest.split(",")):
+        key, eq, value = part.partition("=")
+        if key not in _OPTION:
+            raise CliError(f"--target {item}: unknown key {key!r}; keys: {', '.join(_OPTION)}")
+        if not eq and _OPTION[key][1] is not _bool:
+            raise CliError(f"--target {item}: {key} needs a value ({key}=...)")
+        opts[_OPTION[key][0]] = _OPTION[key][1](value if eq else "on", key)
+    return name, opts
 
 
 def _load_calibration(path):
@@ -172,7 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert a model for one or more targets", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("model", help="a .pt2 file (torch.export.save) or package.module:factory returning (module, args)")
-    c.add_argument("--target", action="append", required=True, help="repeatable; see `tpu-export targets`")
+    c.add_argument("--target", action="append", required=True, metavar="NAME[:KEY=VALUE,...]",
+                   help="repeatable; see `tpu-export targets`. Options after a colon apply to that target only "
+                        f"(keys: {', '.join(_OPTION)}; e.g. iot:calibration=cal.npz,ram-kib=256); the flags "
+                        "below apply to every target that takes them")
     c.add_argument("-o", "--output", required=True, help="output directory")
     c.add_argument("--topology", help="TPU topology for AOT compiles, e.g. 2x2")
     c.add_argument("--use-pallas", choices=["auto", "on", "off"])

@@ -1,7 +1,8 @@
 """One call, both outputs: capture once, then write an artifact per target.
 
-``convert(model, args, targets=["tpu-v6e", "android"], out_dir=...)`` resolves every target and
-checks every target's options and every backend's op support before any work; every artifact is
+``convert(model, args, targets=["tpu-v6e", "android"], out_dir=...)`` (or per-target options:
+``targets={"web": {}, "iot": {"calibration_data": cal}, "tpu-v6e": {"topology": "2x2"}}``) resolves
+every target and checks every target's options and every backend's op support before any work; every artifact is
 built in a staging folder inside ``out_dir`` and all of them are published together, then the
 summary.json beside them: a failure leaves ``out_dir`` as it was.
 """
@@ -43,24 +44,18 @@ def convert(
 ) -> dict[str, str]:
     """Capture ``module`` once and write one artifact per target into ``out_dir``.
 
-    Options pass through to the backends: ``topology=``, ``use_pallas=``, ``dtype=``,
-    ``quant_config=``, ``calibration_data=``, ``to_channel_last_io=``, ``strict_ops=``.
-    Returns {target name: path written}.
+    ``targets``: a list of target names (``tpu-export targets``), or {name: options} where each target's
+    options are a dict (or its options dataclass, targets/options.py). ``**options`` are shared: each
+    target takes those of its kind (``topology`` goes to TPU chips, ``calibration_data`` to edge
+    targets...); one that no target of the call takes fails. Per-target options add to (and override)
+    the shared ones. Every target's options are checked before capture. Returns {target name: path}.
     """
-    from targets import get_target
-
     say = progress or (lambda msg: None)
-    if isinstance(targets, str):
-        targets = [targets]
-    resolved = [get_target(t) for t in targets]  # unknown names fail here, before any work
-    if not resolved:
-        raise ValueError("targets is empty; name at least one (see `tpu-export targets`)")
+    resolved, opts = _targets_and_options(targets, options)  # unknown names and bad options fail before any work
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError(f"out_dir {out_dir!r} exists and is not a directory")
     backends = {t.backend: _backend(t.backend) for t in resolved}
-    for t in resolved:
-        backends[t.backend].validate_options(t, options)
 
     t0 = time.perf_counter()
     say("capture: torch.export + core ATen decomposition + shared passes")
@@ -82,10 +77,10 @@ def convert(
     try:
         # targets converted into out_dir by earlier calls stay listed: their folders are still the tool's
         summary = {"capture_seconds": round(capture_s, 3), "targets": dict(earlier)}
-        for t in resolved:
+        for t, o in zip(resolved, opts):
             t1 = time.perf_counter()
             say(f"{t.name}: lowering and writing ({t.backend} backend)")
-            path, info = backends[t.backend].write_for_target(prog, t, stage, options, say)
+            path, info = backends[t.backend].write_for_target(prog, t, stage, o, say)
             summary["targets"][t.name] = {"path": os.path.relpath(path, stage),
                                           "seconds": round(time.perf_counter() - t1, 3),
                                           "bytes": artifact_size(path), **info}
@@ -104,6 +99,35 @@ def convert(
 
 
 _STAGE = "convert"  # staging folder: out_dir/.convert.tmp-<pid>-*
+
+
+def _targets_and_options(targets, shared: dict) -> tuple[list, list]:
+    """[Target], [its checked options] from a name, a list of names or {name: options}."""
+    from targets import get_target, options_for
+    from targets.options import split_shared
+
+    if isinstance(targets, str):
+        targets = [targets]
+    own = dict(targets) if isinstance(targets, dict) else {}
+    names = list(targets)
+    resolved = [get_target(t) for t in names]  # unknown names fail here, before any work
+    if not resolved:
+        raise ValueError("targets is empty; name at least one (see `tpu-export targets`)")
+    seen = [t.name for t in resolved]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:
+        raise ValueError(f"target(s) {', '.join(twice)} named twice; name each target once")
+    opts = []
+    for t, name, common in zip(resolved, names, split_shared(resolved, shared)):
+        mine = own.get(name)
+        if mine is not None and not isinstance(mine, dict):  # the target's options dataclass, taken whole
+            if common:
+                raise TypeError(f"target {t.name!r} has its options as {type(mine).__name__}; put the shared "
+                                f"option(s) {', '.join(sorted(common))} in it")
+            opts.append(options_for(t, mine))
+            continue
+        opts.append(options_for(t, {**common, **(mine or {})}))
+    return resolved, opts
 
 
 def _check_out_dir(out_dir: str, targets) -> dict:

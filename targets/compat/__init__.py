@@ -5,6 +5,6 @@ tflite_micro (TFLite Micro). ``compatibility(tflite_bytes, target)`` reads a .tf
 ops that run on the accelerator vs fall back, by count; ``strict=True`` makes any fallback an error.
 """
 
-from .report import DELEGATES, TARGET_DELEGATES, CompatibilityError, Report, compatibility
+from .report import DELEGATES, CompatibilityError, Report, compatibility
 
-__all__ = ["compatibility", "Report", "CompatibilityError", "TARGET_DELEGATES", "DELEGATES"]
+__all__ = ["compatibility", "Report", "CompatibilityError", "DELEGATES"]

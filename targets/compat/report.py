@@ -7,7 +7,7 @@ import dataclasses
 
 from .model_ops import read_ops
 
-__all__ = ["Delegate", "DELEGATES", "TARGET_DELEGATES", "Report", "CompatibilityError", "compatibility"]
+__all__ = ["Delegate", "DELEGATES", "Report", "CompatibilityError", "compatibility"]
 
 
 class CompatibilityError(RuntimeError):
@@ -64,16 +64,6 @@ def _delegates() -> dict[str, Delegate]:
 
 
 DELEGATES = None  # filled on first use (the tables import nothing heavy, but keep import time flat)
-
-# target -> its delegates, first = the one `compatibility` reports by default.
-TARGET_DELEGATES = {
-    "android": ("gpu",),
-    "ios": ("coreml", "metal"),
-    "web": ("cpu",),
-    "cpu": ("cpu",),
-    "iot": ("tflm",),
-}
-
 
 def _delegate(name: str) -> Delegate:
     global DELEGATES
@@ -132,14 +122,14 @@ class Report:
 
 def compatibility(tflite: bytes, target, *, delegate: str | None = None, strict: bool = False) -> Report:
     """Check every operator of ``tflite`` against ``target``'s delegate table (default: its first)."""
-    from ..registry import get_target
+    from ..registry import TARGETS, get_target
 
-    tname = target if isinstance(target, str) else target.name
-    get_target(tname)  # unknown names fail with the known list
-    if tname not in TARGET_DELEGATES:
+    t = get_target(target)  # unknown names fail with the known list
+    tname = t.name
+    if t.backend != "edge":
         raise ValueError(f"target {tname!r} does not produce a .tflite; compatibility applies to "
-                         f"{', '.join(TARGET_DELEGATES)}")
-    d = _delegate(delegate or TARGET_DELEGATES[tname][0])
+                         f"{', '.join(n for n, x in TARGETS.items() if x.backend == 'edge')}")
+    d = _delegate(delegate or t.delegates[0])  # a target's first delegate is the one reported by default
     acc, fb = collections.Counter(), collections.Counter()
     reasons: dict[str, set] = collections.defaultdict(set)
     ops = read_ops(tflite)

@@ -43,7 +43,7 @@ def test_cnn_package(cnn, target, tmp_path):
 
 
 def test_channel_last_is_overridable(cnn, tmp_path):
-    written = package("android", cnn[2], str(tmp_path), channel_last=False, say=_quiet)
+    written = package("android", cnn[2], str(tmp_path), channel_last_io=False, say=_quiet)
     (ins, _), = signatures(open(written["model.tflite"], "rb").read()).values()
     assert ins[0].shape == (1, 3, 64, 64)
 
@@ -66,7 +66,7 @@ def test_fp16_weights_for_gpu_delegates(cnn, tmp_path):
     module, args, prog, ref = cnn
     float_size = len(package("android", prog, str(tmp_path / "f32"), say=_quiet) and
                      open(tmp_path / "f32" / "model.tflite", "rb").read())
-    written = package("android", prog, str(tmp_path / "f16"), fp16_weights=True, say=_quiet)
+    written = package("android", prog, str(tmp_path / "f16"), quant_config="fp16", say=_quiet)
     tfl = open(written["model.tflite"], "rb").read()
     assert len(tfl) < 0.7 * float_size
     ops = read_ops(tfl)
