@@ -29,15 +29,19 @@ __all__ = ["load", "TpuProgram", "current_platform"]
 log = logging.getLogger(__name__)
 
 
-def load(path, *, verify: bool = True, use_compiled: bool = False) -> "TpuProgram":
+def load(path, *, verify: bool = True, use_compiled: bool = False, isolate: bool = False,
+         isolate_timeout: float = 30.0) -> "TpuProgram":
     """Load an artifact (directory or .zip) and put its weights on the device.
 
     The StableHLO is compiled here. ``use_compiled=True`` lets the runtime load a stored TPU
     executable made for this chip and these jaxlib/libtpu versions instead: it is machine
-    code, so pass it only for artifacts you trust as much as code you run."""
+    code, so pass it only for artifacts you trust as much as code you run. ``isolate=True``
+    (for artifacts from untrusted sources) parses each export in a child process first, so a
+    module that crashes or hangs jaxlib's parser is an ``ArtifactCorruptError`` here."""
     from .artifact.load import read_artifact
 
-    art = read_artifact(path, verify=verify, load_executables=use_compiled)
+    art = read_artifact(path, verify=verify, load_executables=use_compiled, isolate=isolate,
+                        isolate_timeout=isolate_timeout)
     return TpuProgram(
         signatures=art.signatures, weights=art.weights, manifest=art.manifest, compiled=art.compiled,
         source=os.fspath(path), use_compiled=use_compiled,

@@ -11,11 +11,14 @@ zip entries before anything is read; the manifest is size-capped, depth-checked 
 schema-checked; every other file's size is compared with the manifest before a byte of it is
 read, and each read stops at that size. The StableHLO of each export is parsed here so that a
 corrupt module fails at load, naming its file, rather than at the first call.
+jaxlib's parser is not hardened against a re-signed hostile module (it can crash or hang the
+process): ``isolate=True`` runs that parse in a child process first (isolated_parse.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 
@@ -59,18 +62,21 @@ class TpuArtifact:
         return {c.key: c.report for c in self.compiled}
 
 
-def read_artifact(path, *, verify: bool = True, load_executables: bool = False) -> TpuArtifact:
+def read_artifact(path, *, verify: bool = True, load_executables: bool = False, isolate: bool = False,
+                  isolate_timeout: float = 30.0) -> TpuArtifact:
     """Read and check an artifact. ``load_executables`` reads the bytes of its TPU executables
-    (for a runtime that was told to trust them); otherwise they are only hashed."""
+    (for a runtime that was told to trust them); otherwise they are only hashed. ``isolate``
+    first parses each export's StableHLO in a child process, ``isolate_timeout`` seconds each
+    (jaxlib's parser can crash or hang on hostile bytes; see isolated_parse): ~1-2 s per load."""
     path = os.fspath(path)
     box = open_container(path)
     try:
-        return _read(box, path, verify, load_executables)
+        return _read(box, path, verify, load_executables, isolate_timeout if isolate else None)
     finally:
         box.close()
 
 
-def _read(box, path, verify, load_executables) -> TpuArtifact:
+def _read(box, path, verify, load_executables, isolate_timeout=None) -> TpuArtifact:
     listing = box.listing()
     if "manifest.json" not in listing:
         raise ArtifactCorruptError(f"{path}: manifest.json is missing (not an artifact, or truncated)")
@@ -101,9 +107,21 @@ def _read(box, path, verify, load_executables) -> TpuArtifact:
                 raise ArtifactCorruptError(f"{path}: {rel} does not match its recorded sha256 "
                                            f"(expected {e['sha256'][:16]}..., got {got[:16]}...): the file is corrupted")
 
+    # Each export is read once: these bytes are hash-checked, parsed in the child (isolate) and here.
+    raw = {}
+    for s in manifest["signatures"].values():
+        rel = s["file"]
+        if rel not in raw:
+            raw[rel] = box.read(rel, files[rel]["size"])
+            if verify and hashlib.sha256(raw[rel]).hexdigest() != files[rel]["sha256"]:
+                raise ArtifactCorruptError(f"{path}: {rel} changed while it was read (its sha256 no longer matches)")
+    if isolate_timeout is not None:
+        from .isolated_parse import parse_exports_isolated
+
+        parse_exports_isolated(path, list(raw.items()), isolate_timeout)
     sigs = {}
     for name, s in manifest["signatures"].items():
-        exp = _read_export(box, path, s["file"], files[s["file"]]["size"])
+        exp = _read_export(path, s["file"], raw[s["file"]])
         _cross_check(name, s, manifest, exp, path)
         sigs[name] = LoadedSignature(name, exp, s["weight_names"], s["inputs"], s["outputs"],
                                      s["input_structure"], s["output_structure"], s["dim_ranges"])
@@ -140,12 +158,12 @@ def _read(box, path, verify, load_executables) -> TpuArtifact:
     return TpuArtifact(path, manifest, sigs, weights, compiled)
 
 
-def _read_export(box, path, rel, size):
+def _read_export(path, rel, data):
     """A jax export whose StableHLO module parses (a corrupt one fails here, not at the first call)."""
     from jax import export
 
     try:
-        exp = export.deserialize(bytearray(box.read(rel, size)))
+        exp = export.deserialize(bytearray(data))
         text = exp.mlir_module()  # deserializes the StableHLO bytecode: ~10 ms for a ViT-sized module
     except ArtifactCorruptError:
         raise
