@@ -13,6 +13,7 @@ import operator
 import numpy as np
 import torch
 
+from converter.passes.fold_constants import NEVER_FOLD, fold_fits
 from converter.registry import LoweringContextBase, bind_args, unbind_args
 
 from . import layout as L
@@ -31,10 +32,8 @@ SYM_OPS = {
 }
 _SYM_BINARY = {operator.mul: "MUL", operator.add: "ADD", operator.sub: "SUB", operator.floordiv: "FLOOR_DIV",
                operator.mod: "FLOOR_MOD"}
-_NO_FOLD = ("rand", "normal", "bernoulli", "uniform", "empty", "dropout")
-_FOLD_LIMIT = 1 << 16
 # builtins whose version 1 is not a builtin kernel (BROADCAST_TO v1 was the Flex op)
-_MIN_VERSION = {"BROADCAST_TO": 2}  # elements a folded constant may have beyond its inputs'
+_MIN_VERSION = {"BROADCAST_TO": 2}
 
 
 def _shape_of(val) -> tuple:
@@ -290,7 +289,7 @@ def _leaves(x) -> list:
 
 def _try_fold(lw, node, args):
     """Evaluate a node whose inputs are all constants, when the result stays small."""
-    if not isinstance(node.target, torch._ops.OpOverload) or any(k in node.target._name for k in _NO_FOLD):
+    if not isinstance(node.target, torch._ops.OpOverload) or any(k in node.target._name for k in NEVER_FOLD):
         return None
     leaves = _leaves(args)
     if any(isinstance(a, SymVal) for a in leaves):
@@ -304,8 +303,7 @@ def _try_fold(lw, node, args):
         return None
     if any(not all(d is not None for d in _shape_of(o)) for o in outs_t):
         return None
-    budget = sum(a.const.size for a in ins) + _FOLD_LIMIT
-    if sum(o.numel() for o in outs_t) > budget:
+    if not fold_fits(sum(o.numel() * o.element_size() for o in outs_t), sum(a.const.nbytes for a in ins)):
         return None
     from converter.interpret import call_narrowed
 

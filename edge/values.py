@@ -7,20 +7,22 @@ import dataclasses
 import numpy as np
 import torch
 
+from converter.dtypes import numpy_of
+
 __all__ = ["Val", "SymVal", "np_dtype"]
 
-_NP = {
-    torch.float32: np.float32, torch.float16: np.float16, torch.int32: np.int32, torch.int64: np.int64,
-    torch.bool: np.bool_, torch.int8: np.int8, torch.uint8: np.uint8, torch.int16: np.int16,
-    torch.float64: np.float64, torch.bfloat16: np.float32,  # numpy has no bfloat16; widen
-}
+# The dtypes LiteRT tensors take here; bfloat16 has no LiteRT kernels: widened to float32.
+_LITERT = {torch.float32, torch.float16, torch.int32, torch.int64, torch.bool, torch.int8, torch.uint8, torch.int16,
+           torch.float64}
 
 
 def np_dtype(dtype) -> np.dtype:
     if isinstance(dtype, torch.dtype):
-        if dtype not in _NP:
+        if dtype == torch.bfloat16:
+            return np.dtype(np.float32)
+        if dtype not in _LITERT:
             raise TypeError(f"edge: dtype {dtype} has no LiteRT tensor type")
-        return np.dtype(_NP[dtype])
+        return numpy_of(dtype)
     return np.dtype(dtype)
 
 

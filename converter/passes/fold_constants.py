@@ -2,7 +2,8 @@
 
 A folded value is kept only when it is no bigger than what it was computed from (plus 64 KiB):
 folding ``permute(weight)`` is free, but folding ``full([2048, 2048])`` would bloat the file
-with a value the runtime can make in microseconds.
+with a value the runtime can make in microseconds. The same policy (``NEVER_FOLD``, ``fold_fits``)
+decides what a backend folds while lowering (edge/lower.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,16 @@ from ..interpret import call_narrowed
 from ..program import Program
 from ._util import add_weight, weight_of
 
-_SLACK = 64 * 1024
-_NEVER = ("rand", "normal", "bernoulli", "uniform", "empty", "dropout")
+__all__ = ["fold_constants", "NEVER_FOLD", "fold_fits"]
+
+FOLD_GROWTH_BYTES = 64 * 1024
+# ops whose result is not a function of their inputs (random, uninitialized) or only exists in training
+NEVER_FOLD = ("rand", "normal", "bernoulli", "uniform", "empty", "dropout")
+
+
+def fold_fits(out_bytes: int, in_bytes: int) -> bool:
+    """Whether a folded result of ``out_bytes`` computed from constants of ``in_bytes`` is worth storing."""
+    return out_bytes <= in_bytes + FOLD_GROWTH_BYTES
 
 
 def _foldable_target(t) -> bool:
@@ -24,7 +33,7 @@ def _foldable_target(t) -> bool:
         return True
     if not isinstance(t, torch._ops.OpOverload):
         return False  # sym ops (sym_size, operator.mul on SymInts) stay
-    return not any(k in t._name for k in _NEVER)
+    return not any(k in t._name for k in NEVER_FOLD)
 
 
 def fold_constants(prog: Program) -> None:
@@ -60,7 +69,7 @@ def fold_constants(prog: Program) -> None:
             if all(u in values for u in n.users):
                 continue
             out = values[n]
-            if out.numel() * out.element_size() > cost[n] + _SLACK:
+            if not fold_fits(out.numel() * out.element_size(), cost[n]):
                 continue
             new = add_weight(prog, sig, f"{_scope(n)}{n.name}_folded", out.detach().clone().contiguous())
             new.meta["stack_trace"] = n.meta.get("stack_trace")

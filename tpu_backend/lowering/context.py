@@ -10,29 +10,12 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from converter.dtypes import NARROW, numpy_of
 from converter.registry import LoweringContextBase
 
 from .symbolic_dims import resolve_dim
 
 __all__ = ["LoweringOptions", "LoweringContext", "jnp_dtype", "Aval"]
-
-_TORCH_TO_JNP = {
-    torch.float32: jnp.float32,
-    torch.float64: jnp.float64,
-    torch.float16: jnp.float16,
-    torch.bfloat16: jnp.bfloat16,
-    torch.int8: jnp.int8,
-    torch.int16: jnp.int16,
-    torch.int32: jnp.int32,
-    torch.int64: jnp.int64,
-    torch.uint8: jnp.uint8,
-    torch.uint16: jnp.uint16,
-    torch.uint32: jnp.uint32,
-    torch.uint64: jnp.uint64,
-    torch.bool: jnp.bool_,
-    torch.complex64: jnp.complex64,
-    torch.complex128: jnp.complex128,
-}
 
 # Float dtypes that dtype="bfloat16" computes in bf16 (float64 only exists with enable_x64,
 # where the user asked for it explicitly, so it stays).
@@ -69,17 +52,16 @@ class LoweringOptions:
 
 # The 64->32 bit policy, applied again here: a value the converter left 64-bit (a folded
 # constant, an unused int64 index output) must not ask jax for a dtype it does not have.
-_NARROW = {torch.int64: torch.int32, torch.float64: torch.float32, torch.complex128: torch.complex64}
 
 
 def jnp_dtype(torch_dtype: torch.dtype, options: LoweringOptions | None = None):
     if options is not None and options.dtype == "bfloat16" and torch_dtype in _BF16_FROM:
         return jnp.dtype(jnp.bfloat16)
     if options is None or not options.x64:
-        torch_dtype = _NARROW.get(torch_dtype, torch_dtype)
+        torch_dtype = NARROW.get(torch_dtype, torch_dtype)
     try:
-        return jnp.dtype(_TORCH_TO_JNP[torch_dtype])
-    except KeyError:
+        return jnp.dtype(numpy_of(torch_dtype))
+    except TypeError:
         raise TypeError(f"dtype {torch_dtype} has no JAX equivalent") from None
 
 
