@@ -10,10 +10,11 @@ from collections import Counter
 __all__ = ["describe", "describe_tflite", "describe_artifact"]
 
 
-def describe(path: str) -> str:
+def describe(path: str, *, isolate: bool = False) -> str:
+    """``isolate``: parse a TPU artifact's StableHLO in a child process first (see tpu_backend.load)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
-    return describe_tflite(path) if path.endswith(".tflite") else describe_artifact(path)
+    return describe_tflite(path) if path.endswith(".tflite") else describe_artifact(path, isolate=isolate)
 
 
 def _fmt_hist(hist: dict, indent="    ") -> list[str]:
@@ -56,12 +57,12 @@ def describe_tflite(path: str) -> str:
     return "\n".join(lines)
 
 
-def describe_artifact(path: str) -> str:
+def describe_artifact(path: str, *, isolate: bool = False) -> str:
     import tpu_backend
 
     from .files import artifact_size
 
-    art = tpu_backend.read_artifact(path)
+    art = tpu_backend.read_artifact(path, isolate=isolate)
     m = art.manifest
     size = artifact_size(path)
     wbytes = sum(getattr(w, "nbytes", 0) for w in art.weights.values())

@@ -150,7 +150,8 @@ def cmd_run(a) -> int:
             raise CliError(f"--input takes NAME=file.npy, got {item!r}")
         name, path = item.split("=", 1)
         inputs[name] = np.load(path, allow_pickle=False)
-    model = _load_artifact(a.artifact, use_compiled=a.use_compiled)
+    model = _load_artifact(a.artifact, use_compiled=a.use_compiled, isolate=a.isolate,
+                           isolate_timeout=a.isolate_timeout)
     out = model(signature_name=a.signature, **inputs)
     import torch.utils._pytree as pytree
 
@@ -166,22 +167,23 @@ def cmd_run(a) -> int:
     return 0
 
 
-def _load_artifact(path, use_compiled=False):
+def _load_artifact(path, use_compiled=False, isolate=False, isolate_timeout=30.0):
     if path.endswith(".tflite"):
-        if use_compiled:
-            raise CliError("--use-compiled applies to TPU artifacts (stored TPU executables), not a .tflite")
+        if use_compiled or isolate:
+            raise CliError("--use-compiled and --isolate apply to TPU artifacts, not a .tflite (which is checked "
+                           "structurally before the interpreter sees it)")
         import litert_torch
 
         return litert_torch.load(path)
     import tpu_backend
 
-    return tpu_backend.load(path, use_compiled=use_compiled)
+    return tpu_backend.load(path, use_compiled=use_compiled, isolate=isolate, isolate_timeout=isolate_timeout)
 
 
 def cmd_inspect(a) -> int:
     from targets.describe import describe
 
-    print(describe(a.artifact))
+    print(describe(a.artifact, isolate=a.isolate))
     return 0
 
 
@@ -204,6 +206,12 @@ def cmd_demo(a) -> int:
     from .demo import run_demo
 
     return run_demo(out_dir=a.output, quiet=a.quiet, targets=a.target)
+
+
+def _isolate_flag(p) -> None:
+    p.add_argument("--isolate", action="store_true",
+                   help="TPU artifacts from untrusted sources: parse each signature's StableHLO in a child process "
+                        "first (jaxlib's parser can crash or hang on a hostile file); ~0.8 s more per load")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -239,10 +247,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--use-compiled", action="store_true",
                    help="run the artifact's stored TPU executable when it matches this TPU and jaxlib/libtpu "
                         "(machine code: only for artifacts you trust as code); default: compile the StableHLO")
+    _isolate_flag(r)
+    r.add_argument("--isolate-timeout", type=float, default=30.0, metavar="S",
+                   help="with --isolate: seconds the child may spend parsing one signature (default 30)")
     r.set_defaults(fn=cmd_run)
 
     i = sub.add_parser("inspect", help="signatures, op histogram, sizes, cost/memory report")
     i.add_argument("artifact")
+    _isolate_flag(i)
     i.set_defaults(fn=cmd_inspect)
 
     d = sub.add_parser("demo", help="convert the built-in CNN and transformer to both outputs and check them")

@@ -143,3 +143,15 @@ def test_a_child_that_cannot_start_is_not_blamed_on_the_artifact(clean, monkeypa
     with pytest.raises(ArtifactError) as e:
         read_artifact(clean, isolate=True)
     assert type(e.value) is ArtifactError and "failed to start (exit status 1" in str(e.value), e.value
+
+
+def test_cli_isolate_turns_a_parser_crash_into_one_line(clean, tmp_path, capsys):
+    from tpu_export.cli import main
+
+    art = _hostile(clean, tmp_path / "evil.tpuexp", SEGV)
+    for argv in (["inspect", str(art), "--isolate"], ["run", str(art), "--isolate", "--isolate-timeout", "20"]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tpu-export: error: ") and "killed by SIGSEGV" in err[0], err
+    assert main(["inspect", str(clean), "--isolate"]) == 0
+    assert "serving_default" in capsys.readouterr().out
