@@ -18,8 +18,8 @@ def main():
     impl, name, out = sys.argv[1:4]
     t_start = time.perf_counter()
     import torch
-    import litert_torch  # ours or Google's, by venv
 
+    import litert_torch  # ours or Google's, by venv
     from tests.zoo import build
 
     module, args = build(name)

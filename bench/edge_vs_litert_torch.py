@@ -114,7 +114,8 @@ def rel_err(outs: dict, ref) -> float:
     import torch.utils._pytree as pytree
 
     refs = [r.detach().numpy() for r in pytree.tree_leaves(ref)]
-    got = [outs[k] for k in sorted(outs, key=lambda k: int(k.rsplit("_", 1)[-1]) if k.rsplit("_", 1)[-1].isdigit() else 0)]
+    got = [outs[k] for k in sorted(outs, key=lambda k: int(k.rsplit("_", 1)[-1])
+                                   if k.rsplit("_", 1)[-1].isdigit() else 0)]
     if len(got) != len(refs):
         return float("nan")
     worst = 0.0
@@ -149,7 +150,7 @@ def main():
             inputs = [x.numpy().astype(np.int32) if x.dtype == torch.int64 else x.numpy() for x in args]
             row = {"model": name}
             workers = (("export", ours_py, "export-only"), ("ours", ours_py, "ours"), ("peer", peer_py, "peer"))
-            for key, py, impl in workers:
+            for key, _, _ in workers:
                 row[key] = []
             for _ in range(a.conversions):  # interleaved, so that load on the machine hits all three alike
                 for key, py, impl in workers:
@@ -179,8 +180,9 @@ def main():
 
 
 def report(rows):
-    hdr = (f"{'model':14s} {'export':>7s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'x bound':>7s} {'rss ours':>8s} {'rss peer':>8s} "
-           f"{'rss ratio':>9s} {'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} {'size ratio':>10s} {'err ours':>9s} {'err peer':>9s}")
+    hdr = (f"{'model':14s} {'export':>7s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'x bound':>7s} "
+           f"{'rss ours':>8s} {'rss peer':>8s} {'rss ratio':>9s} {'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} "
+           f"{'size ratio':>10s} {'err ours':>9s} {'err peer':>9s}")
     print(hdr)
     sums = {"co": 0, "cp": 0, "ex": 0}
     speed, bound, rss, lat, size = [], [], [], [], []
@@ -198,14 +200,15 @@ def report(rows):
         rss.append(o["peak_rss_mb"] / p["peak_rss_mb"])
         lat.append(o["latency_ms"] / p["latency_ms"])
         size.append(o["size"] / p["size"])
-        print(f"{r['model']:14s} {ex:7.2f} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {bound[-1]:7.2f} "
-              f"{o['peak_rss_mb']:8.0f} "
+        print(f"{r['model']:14s} {ex:7.2f} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} "
+              f"{bound[-1]:7.2f} {o['peak_rss_mb']:8.0f} "
               f"{p['peak_rss_mb']:8.0f} {rss[-1]:9.2f} {o['latency_ms']:8.3f} {p['latency_ms']:8.3f} {lat[-1]:9.2f} "
               f"{size[-1]:10.3f} {o['rel_err']:9.1e} {p['rel_err']:9.1e}")
     if speed:
         import statistics as st
 
-        print(f"\nconversion: {sums['cp'] / sums['co']:.2f}x faster summed (goal >= 3x), min {min(speed):.2f}x (goal >= 2x)")
+        print(f"\nconversion: {sums['cp'] / sums['co']:.2f}x faster summed (goal >= 3x), "
+              f"min {min(speed):.2f}x (goal >= 2x)")
         print(f"  bound set by torch.export alone (import + one export, fresh process): {sums['cp'] / sums['ex']:.2f}x "
               f"summed, min {min(bound):.2f}x")
         print(f"peak RSS: max ratio {max(rss):.2f} (goal <= 0.7)")

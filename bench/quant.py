@@ -85,9 +85,10 @@ def _convert_peer(module, args, scheme, cal):
     if scheme in recipes:
         return litert_torch.convert(module, args, quant_config=recipes[scheme]())
     import torch
+    from torchao.quantization.pt2e import quantize_pt2e
+
     from litert_torch.quantize import pt2e_quantizer
     from litert_torch.quantize.quant_config import QuantConfig
-    from torchao.quantization.pt2e import quantize_pt2e
 
     quantizer = pt2e_quantizer.PT2EQuantizer().set_global(
         pt2e_quantizer.get_symmetric_quantization_config(is_per_channel=True))
@@ -241,7 +242,7 @@ def _cell(info, key, fmt):
 
 def report(results: dict, impls) -> str:
     cols = ["size KB", "x float", "lat ms", "top-1", "rel err"]
-    head = f"| model | scheme | " + " | ".join(f"{c} {i}" for c in cols for i in impls) + " |"
+    head = "| model | scheme | " + " | ".join(f"{c} {i}" for c in cols for i in impls) + " |"
     lines = [head, "|" + "---|" * (2 + len(cols) * len(impls))]
     errors = []
     for name, row in results.items():

@@ -42,7 +42,6 @@ def main():
     import warnings
 
     warnings.simplefilter("ignore")
-    import numpy as np
     import torch
 
     import converter
@@ -77,7 +76,7 @@ def main():
             t_x, t_e = [], []
             # Alternating blocks (not single calls): XLA's CPU thread pool spins for a while after
             # each run and would starve torch's threads if the two were interleaved call by call.
-            for block in range(max(1, a.runs // 5)):
+            for _block in range(max(1, a.runs // 5)):
                 time.sleep(0.05)
                 for _ in range(5):
                     t = time.perf_counter()
@@ -100,7 +99,8 @@ def main():
 
 
 def report(rows):
-    print(f"{'model':14s} {'capture s':>9s} {'export s':>8s} {'size':>10s} {'xla ms':>8s} {'eager ms':>8s} {'ratio':>6s}  "
+    print(f"{'model':14s} {'capture s':>9s} {'export s':>8s} {'size':>10s} {'xla ms':>8s} {'eager ms':>8s} "
+          f"{'ratio':>6s}  "
           + "  ".join(f"{t:>26s}" for t, _ in GENERATIONS))
     print(f"{'':14s} {'':>9s} {'':>8s} {'':>10s} {'':>8s} {'':>8s} {'':>6s}  "
           + "  ".join(f"{'compile s / opt us / MFU':>26s}" for _ in GENERATIONS))

@@ -36,7 +36,9 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
     if isinstance(module, (str, os.PathLike)):
         path = os.fspath(module)
         if not os.path.isfile(path):
-            raise ExportFailedError(f"{path}: no such file. Fix: pass an nn.Module or a .pt2 saved by torch.export.save")
+            raise ExportFailedError(
+                f"{path}: no such file. Fix: pass an nn.Module or a .pt2 saved by torch.export.save"
+            )
         from .pt2_load import load_pt2
 
         # never torch.export.load: it unpickles and evaluates parts of the file (see pt2_load)
@@ -47,9 +49,12 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
     if not isinstance(module, torch.nn.Module):
         if callable(module):
             raise ExportFailedError(
-                f"got a {type(module).__name__}, not an nn.Module. Fix: wrap the function in an nn.Module whose forward calls it"
+                f"got a {type(module).__name__}, not an nn.Module. "
+                "Fix: wrap the function in an nn.Module whose forward calls it"
             )
-        raise ExportFailedError(f"cannot convert a {type(module).__name__}; pass an nn.Module, an ExportedProgram or a .pt2 path")
+        raise ExportFailedError(
+            f"cannot convert a {type(module).__name__}; pass an nn.Module, an ExportedProgram or a .pt2 path"
+        )
     args = _as_tuple(sample_args)
     kwargs = dict(sample_kwargs or {})
     if module.training:
@@ -135,10 +140,11 @@ def _eval_copy(module):
 # (pattern in the torch error, cause, fix)
 _KNOWN = [
     (
-        r"data.dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent|could not extract specialized integer",
+        r"data.dependent|GuardOnDataDependentSymNode|Could not guard on data-dependent"
+        r"|could not extract specialized integer",
         "the model branches (if/while) or sizes a tensor on a value computed from its inputs",
-        "use torch.cond(pred, true_fn, false_fn, operands) for the branch, torch._check(...) to state the value's range, "
-        "or compute the size from input shapes instead of tensor values",
+        "use torch.cond(pred, true_fn, false_fn, operands) for the branch, "
+        "torch._check(...) to state the value's range, or compute the size from input shapes instead of tensor values",
     ),
     (
         r"specialized it to be a constant \(1\)|specialized it to be a constant \(0\)",
@@ -148,7 +154,8 @@ _KNOWN = [
     (
         r"Constraints violated|specialized.*(to|be) a constant|ConstraintViolation|not all values of",
         "a dimension you marked dynamic is forced to a fixed value (or a range) by the model's code",
-        "drop that dim from dynamic_shapes, or give the Dim the min/max the error names (torch.export.Dim(name, min=..., max=...))",
+        "drop that dim from dynamic_shapes, "
+        "or give the Dim the min/max the error names (torch.export.Dim(name, min=..., max=...))",
     ),
     (
         r"Unsupported: .*(call_function|builtin|method)|torch\._dynamo\.exc\.Unsupported",

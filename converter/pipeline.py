@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .capture import capture, forward_params, _as_tuple
+from .capture import _as_tuple, capture, forward_params
 from .decompositions import KEEP_WHOLE, decompose
 from .gc_pause import gc_paused
 from .passes import run_shared_passes

@@ -256,7 +256,7 @@ def program_from_exported(
             info.get("forward_params", []),
         )
 
-        def spec_of(name, node):
+        def spec_of(name, node, sym_names=sym_names):
             v = node.meta["val"]
             return TensorSpec(name, tuple(dim_of(d, sym_names) for d in v.shape), v.dtype)
 

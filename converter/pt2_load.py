@@ -50,7 +50,9 @@ _EXPR_CALLS = frozenset(
     "RoundDecimal ToFloat Identity".split()
 )
 _EXPR_NAMES = frozenset("oo zoo nan true false".split())
-_EXPR_KEYWORDS = frozenset("positive negative nonnegative nonpositive integer real finite zero precision evaluate".split())
+_EXPR_KEYWORDS = frozenset(
+    "positive negative nonnegative nonpositive integer real finite zero precision evaluate".split()
+)
 # sympy computes these eagerly: a power with a huge constant exponent never finishes
 _POWERS = frozenset("Pow PowByNatural FloatPow LShift".split())
 _MAX_INT = 2**63
@@ -94,8 +96,8 @@ def _index(path: str, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
         raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (empty zip). {_FIX}")
     first = min(i.header_offset for i in infos)
     if first:  # the directory found is an inner archive's (the sample inputs): the file lost its end
-        raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (truncated or corrupt: the only zip directory "
-                                f"left describes an archive starting at byte {first}). {_FIX}")
+        raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (truncated or corrupt: the only zip "
+                                f"directory left describes an archive starting at byte {first}). {_FIX}")
     for info in infos:
         if info.filename.endswith(".pkl"):
             raise _refuse(path, f"it holds a pickle ({info.filename}), as torch.save writes, and unpickling runs code "
@@ -109,11 +111,13 @@ def _index(path: str, zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
         files[info.filename[len(root):]] = info
     if "archive_version" not in files:
         if "serialized_exported_program.json" in files or "serialized_state_dict.pt" in files:
-            raise _refuse(path, "it is the older torch.export archive format (serialized_*.pt entries), whose weights are pickled")
+            raise _refuse(path, "it is the older torch.export archive format (serialized_*.pt entries), "
+                                "whose weights are pickled")
         raise ExportFailedError(f"{path}: not a torch.export .pt2 archive (no archive_version). {_FIX}")
     version = zf.read(files["archive_version"]).decode(errors="replace").strip()
     if version != "0":
-        raise ExportFailedError(f"{path}: .pt2 archive version {version[:20]!r} is not the one torch 2.13 writes ('0'). {_FIX}")
+        raise ExportFailedError(f"{path}: .pt2 archive version {version[:20]!r} is not the one torch 2.13 writes "
+                                f"('0'). {_FIX}")
     for name in files:
         if name.startswith("data/aotinductor/"):
             raise _refuse(path, f"it holds AOTInductor compiled code ({name}), which loading would run", _FIX)
@@ -136,8 +140,12 @@ def _tensors(path, zf, files, folder, kind, config_name) -> dict:
     import torch
     from torch._export.serde import schema
     from torch._export.serde.serialize import (
-        _dict_to_dataclass, deserialize_device, deserialize_scalar_type, deserialize_size,
-        deserialize_storage_offset, deserialize_stride,
+        _dict_to_dataclass,
+        deserialize_device,
+        deserialize_scalar_type,
+        deserialize_size,
+        deserialize_storage_offset,
+        deserialize_stride,
     )
 
     config = _dict_to_dataclass(schema.PayloadConfig, _json(path, zf, files, config_name))
@@ -149,13 +157,14 @@ def _tensors(path, zf, files, folder, kind, config_name) -> dict:
             raise _refuse(path, f"{kind} '{fqn}' ({folder}{entry}) is stored as a pickle (use_pickle: true; torch does "
                                 "that for tensor subclasses), and unpickling runs code from the file")
         if kind == "constant" and entry.startswith(("custom_obj_", "opaque_obj_")):
-            raise _refuse(path, f"constant '{fqn}' ({folder}{entry}) is a pickled custom object (ScriptObject or opaque "
-                                "object), and unpickling runs code from the file")
+            raise _refuse(path, f"constant '{fqn}' ({folder}{entry}) is a pickled custom object (ScriptObject or "
+                                "opaque object), and unpickling runs code from the file")
         if kind == "constant" and not entry.startswith("tensor_"):
             raise ExportFailedError(f"{path}: corrupt .pt2: constant '{fqn}' has an unknown kind ({entry}). {_FIX}")
         tm = meta.tensor_meta
         if tm is None or "/" in entry or f"{folder}{entry}" not in files:
-            raise ExportFailedError(f"{path}: corrupt .pt2: {kind} '{fqn}' has no tensor data ({folder}{entry}). {_FIX}")
+            raise ExportFailedError(f"{path}: corrupt .pt2: {kind} '{fqn}' has no tensor data "
+                                    f"({folder}{entry}). {_FIX}")
         dtype, device = deserialize_scalar_type(tm.dtype), deserialize_device(tm.device)
         if entry not in storages:
             data = bytearray(zf.read(files[f"{folder}{entry}"]))
@@ -187,7 +196,8 @@ def _check_graph_json(path: str, raw) -> None:
                     _check_expr(path, x)
                 elif k == "target" and isinstance(x, str) and "inputs" in v:
                     if not (x.startswith("torch.ops.") and "__" not in x) and x not in sym_ops:
-                        raise _refuse(path, f"graph node '{v.get('name')}' calls {x[:80]!r}, which is not a torch operator", _FIX_ALTERED)
+                        raise _refuse(path, f"graph node '{v.get('name')}' calls {x[:80]!r}, which is not a torch "
+                                            "operator", _FIX_ALTERED)
                 else:
                     stack.append(x)
     if raw.get("guards_code"):
@@ -209,7 +219,8 @@ def _check_expr(path: str, expr) -> None:
             bad = "text that is not an expression"
     if bad:
         raise _refuse(path, f"a shape expression in models/{_MODEL}.json ({str(expr)[:60]!r}) holds {bad}; torch "
-                            "evaluates these as Python, so only sympy arithmetic on size symbols is accepted", _FIX_ALTERED)
+                            "evaluates these as Python, so only sympy arithmetic on size symbols is accepted",
+                      _FIX_ALTERED)
 
 
 def _bad_expr_node(node):
@@ -238,7 +249,8 @@ def _bad_expr_node(node):
         if fn not in _EXPR_CALLS:
             return f"a call of {ast.unparse(node.func)[:40]!r}"
         for kw in node.keywords:
-            if kw.arg not in _EXPR_KEYWORDS or not isinstance(kw.value, ast.Constant) or isinstance(kw.value.value, str):
+            if (kw.arg not in _EXPR_KEYWORDS or not isinstance(kw.value, ast.Constant)
+                    or isinstance(kw.value.value, str)):
                 return f"the keyword {kw.arg!r}"
         if fn in _POWERS and len(node.args) == 2 and not _small_exponent(node.args[1]):
             return "a power with a large constant exponent"

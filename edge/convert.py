@@ -10,8 +10,10 @@ import torch
 from converter.decompositions import KEEP_WHOLE, decompose_nodes
 from converter.support import check_support
 
-from . import layout
-from . import ops  # noqa: F401 - fills the EDGE table
+from . import (
+    layout,
+    ops,  # noqa: F401 - fills the EDGE table
+)
 from .builder import ModelBuilder
 from .lower import SYM_OPS, lower_signature
 from .registry import EDGE

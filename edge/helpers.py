@@ -11,7 +11,8 @@ import torch
 from . import layout as L
 from .values import Val
 
-__all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "static_out", "reduce_dims", "reduce"]
+__all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "static_out", "reduce_dims",
+           "reduce"]
 
 aten = torch.ops.aten
 NHWC = (0, 2, 3, 1)  # a 4-D value laid out channel-last

@@ -86,11 +86,15 @@ def _factor(old, new):
             if po < pn:
                 if i >= len(o) or old[o[i]] is None:
                     return None
-                og.append(o[i]); po *= old[o[i]]; i += 1
+                og.append(o[i])
+                po *= old[o[i]]
+                i += 1
             else:
                 if j >= len(n) or new[n[j]] is None:
                     return None
-                ng.append(n[j]); pn *= new[n[j]]; j += 1
+                ng.append(n[j])
+                pn *= new[n[j]]
+                j += 1
         groups.append((og, ng))
     return groups
 

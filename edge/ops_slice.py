@@ -36,7 +36,9 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
     bmask = emask = smask = 0
     for i, d in enumerate(x.perm):
         if d not in specs:
-            begin.append(0); end.append(0); strides.append(1)
+            begin.append(0)
+            end.append(0)
+            strides.append(1)
             bmask |= 1 << i
             emask |= 1 << i
             continue
@@ -46,19 +48,23 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
         if n is not None and s < 0:
             s = max(s + n, 0)
         if d in shrink:
-            begin.append(s); strides.append(1)
+            begin.append(s)
+            strides.append(1)
             if s == -1:
-                end.append(0); emask |= 1 << i
+                end.append(0)
+                emask |= 1 << i
             else:
                 end.append(s + 1)
             smask |= 1 << i
             continue
         if e is None or e >= _BIG or (n is not None and e >= n):
-            end.append(0); emask |= 1 << i
+            end.append(0)
+            emask |= 1 << i
         else:
             e = int(e)
             end.append(max(e + n, 0) if (n is not None and e < 0) else e)
-        begin.append(s); strides.append(int(st))
+        begin.append(s)
+        strides.append(int(st))
     ins = [lw.tensor(x)] + [lw.const_tensor(a, np.int32) for a in (begin, end, strides)]
     opts = lw.options("StridedSlice", beginMask=bmask, endMask=emask, shrinkAxisMask=smask)
     version = 4 if x.rank > 4 else 1

@@ -455,4 +455,5 @@ class _Checker:
                 seen.add(name)
                 x = self.scalar(tm, 1, "<I")
                 if name is None or x >= n_tensors[sg]:
-                    raise _Bad(f"signature {key!r}: {name!r} points at tensor {x}, but subgraph {sg} has {n_tensors[sg]}")
+                    raise _Bad(f"signature {key!r}: {name!r} points at tensor {x}, "
+                               f"but subgraph {sg} has {n_tensors[sg]}")

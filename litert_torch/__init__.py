@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError", "ModelRunError",
-           "SignatureNotFoundError", "QuantConfig",
-           "QuantizationError", "TfliteFormatError"]
+__all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError",
+           "ModelRunError", "SignatureNotFoundError", "QuantConfig", "QuantizationError", "TfliteFormatError"]
 
 _WHERE = {
     "convert": "_convert",

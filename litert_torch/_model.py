@@ -84,7 +84,9 @@ class Model:
             if len(self._signatures) == 1 and signature_name == "serving_default":
                 signature_name = next(iter(self._signatures))
             else:
-                raise SignatureNotFoundError(f"no signature {signature_name!r}; this model has {sorted(self._signatures)}")
+                raise SignatureNotFoundError(
+                    f"no signature {signature_name!r}; this model has {sorted(self._signatures)}"
+                )
         sig = self._signatures[signature_name]
         flat = quantize_floats(sig, bind(signature_name, sig, args, kwargs))
         # the same check the TPU runtime runs (names, rank, dims and their ranges, dtype, embedding ids)

@@ -39,7 +39,8 @@ def read_signatures(data: bytes) -> dict:
         sd = m.SignatureDefs(i)
         key = sd.SignatureKey().decode()
         sg = m.Subgraphs(sd.SubgraphIndex())
-        tensors = {sd.Inputs(j).Name().decode(): sg.Tensors(sd.Inputs(j).TensorIndex()) for j in range(sd.InputsLength())}
+        tensors = {sd.Inputs(j).Name().decode(): sg.Tensors(sd.Inputs(j).TensorIndex())
+                   for j in range(sd.InputsLength())}
         entry = {"inputs": list(tensors), "outputs": [sd.Outputs(j).Name().decode() for j in range(sd.OutputsLength())]}
         extra = structure.get(key, {})
         for k in ("inputs", "outputs"):

@@ -25,19 +25,20 @@ def describe_tflite(path: str) -> str:
     from ai_edge_litert.interpreter import Interpreter
 
     from edge import op_histogram
+    from edge.tflite_check import TfliteFormatError, read_tflite
 
     from .compat import compatibility
     from .registry import TARGETS
-
-    from edge.tflite_check import TfliteFormatError, read_tflite
 
     data = read_tflite(path)  # a regular file, checked: the interpreter trusts the flatbuffer (a bad one crashes it)
     try:
         it = Interpreter(model_content=data)
     except (RuntimeError, ValueError) as e:
-        raise TfliteFormatError(f"{path}: the LiteRT interpreter refused the model: {' '.join(str(e).split())[:300]}") from e
+        raise TfliteFormatError(
+            f"{path}: the LiteRT interpreter refused the model: {' '.join(str(e).split())[:300]}"
+        ) from e
     lines = [f"{path}: LiteRT flatbuffer, {len(data):,} bytes"]
-    for name, sig in it.get_signature_list().items():
+    for name in it.get_signature_list():
         runner = it.get_signature_runner(name)
         lines.append(f"  signature {name!r}")
         for kind, details in (("input", runner.get_input_details()), ("output", runner.get_output_details())):

@@ -8,7 +8,6 @@ arena measured -> .tflite + <name>_model.c/.h (16-byte aligned array, arena size
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 
 import numpy as np
@@ -49,7 +48,8 @@ class IotModel:
     def summary(self) -> str:
         a = self.agreement
         top1 = f"top-1 agreement {a['top1']:.0%}, " if a.get("top1") is not None else ""
-        return (f"iot: int8 model {self.flash_bytes / 1024:.1f} KiB flash, arena {self.arena_bytes / 1024:.1f} KiB RAM; "
+        return (f"iot: int8 model {self.flash_bytes / 1024:.1f} KiB flash, "
+                f"arena {self.arena_bytes / 1024:.1f} KiB RAM; "
                 f"TFLite Micro vs float over {a['samples']} sample(s): {top1}max abs err {a['max_abs_err']:.4g} "
                 f"(float output range {a['float_range']:.4g})")
 
@@ -179,7 +179,8 @@ def check_budget(flash_bytes: int, ram_bytes: int, *, flash_kib: float | None = 
     """Fail when the model (flash) or its arena (RAM) exceeds the budget, with both numbers."""
     over = []
     if flash_kib is not None and flash_bytes > flash_kib * 1024:
-        over.append(f"flash: the model needs {flash_bytes / 1024:.1f} KiB ({flash_bytes} bytes), budget {flash_kib} KiB")
+        over.append(f"flash: the model needs {flash_bytes / 1024:.1f} KiB ({flash_bytes} bytes), "
+                    f"budget {flash_kib} KiB")
     if ram_kib is not None and ram_bytes > ram_kib * 1024:
         over.append(f"RAM: the tensor arena needs {ram_bytes / 1024:.1f} KiB ({ram_bytes} bytes), budget {ram_kib} KiB")
     if over:

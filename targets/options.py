@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-__all__ = ["EdgeOptions", "IotOptions", "XlaOptions", "TpuOptions", "OptionsError", "options_for", "split_shared", "OLD_NAMES"]
+__all__ = ["EdgeOptions", "IotOptions", "XlaOptions", "TpuOptions", "OptionsError", "options_for", "split_shared",
+           "OLD_NAMES"]
 
 
 class OptionsError(TypeError):

@@ -255,7 +255,8 @@ row("log_softmax_dim1", F.log_softmax, r(*X, scale=2.0), dim=1)
 
 _cmp_a = ints(4, 6, lo=-3, hi=3).to(torch.float32)  # small ints: plenty of equal pairs
 _cmp_b = ints(4, 6, lo=-3, hi=3).to(torch.float32)
-for _name, _op in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt), ("ge", torch.ge)]:
+for _name, _op in [("eq", torch.eq), ("ne", torch.ne), ("lt", torch.lt), ("le", torch.le), ("gt", torch.gt),
+                   ("ge", torch.ge)]:
     row(f"{_name}", _op, _cmp_a, _cmp_b, kind="bool")
 row("gt_scalar", lambda x: x > 0.0, r(*X), kind="bool")
 row("le_scalar", lambda x: x <= 0.5, r(3, 4), kind="bool")
@@ -345,19 +346,25 @@ row("conv2d_dilation2", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), padding=2, dilatio
 row("conv2d_groups2", F.conv2d, r(2, 4, 8, 8), r(6, 2, 3, 3), r(6), padding=1, groups=2, weights=(1, 2))
 row("conv2d_depthwise", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), padding=1, groups=4, weights=(1, 2))
 row("conv2d_depthwise_mult2", F.conv2d, r(2, 4, 8, 8), r(8, 1, 3, 3), r(8), padding=1, groups=4, weights=(1, 2))
-row("conv2d_depthwise_stride2", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), stride=2, padding=1, groups=4, weights=(1, 2))
+row("conv2d_depthwise_stride2", F.conv2d, r(2, 4, 8, 8), r(4, 1, 3, 3), r(4), stride=2, padding=1, groups=4,
+    weights=(1, 2))
 row("conv2d_depthwise_k7", F.conv2d, r(2, 4, 8, 8), r(4, 1, 7, 7), r(4), padding=3, groups=4, weights=(1, 2))
-row("conv2d_depthwise_dilated", F.conv2d, r(2, 4, 9, 9), r(4, 1, 3, 3), r(4), padding=2, dilation=2, groups=4, weights=(1, 2))
-row("conv2d_depthwise_mixed", F.conv2d, r(1, 6, 9, 7), r(6, 1, 3, 5), None, stride=(2, 1), padding=(1, 0), groups=6, weights=(1,))
+row("conv2d_depthwise_dilated", F.conv2d, r(2, 4, 9, 9), r(4, 1, 3, 3), r(4), padding=2, dilation=2, groups=4,
+    weights=(1, 2))
+row("conv2d_depthwise_mixed", F.conv2d, r(1, 6, 9, 7), r(6, 1, 3, 5), None, stride=(2, 1), padding=(1, 0), groups=6,
+    weights=(1,))
 row("conv2d_nobias", F.conv2d, r(*X), r(4, 3, 3, 3), padding=1, weights=(1,))
 row("conv2d_1x1", F.conv2d, r(*X), r(5, 3, 1, 1), r(5), weights=(1, 2))
 row("conv2d_asym_kernel", F.conv2d, r(*X), r(4, 3, 3, 5), r(4), padding=(1, 2), weights=(1, 2))
 row("conv2d_asym_stride", F.conv2d, r(*X), r(4, 3, 3, 3), r(4), stride=(2, 1), padding=1, weights=(1, 2))
 row("conv2d_patchify", F.conv2d, r(2, 3, 16, 16), r(8, 3, 4, 4), r(8), stride=4, weights=(1, 2))
-row("conv_transpose2d_s2_k4_p1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 4, 4), r(3), stride=2, padding=1, weights=(1, 2))
-row("conv_transpose2d_s2_outpad1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(3), stride=2, padding=1, output_padding=1, weights=(1, 2))
+row("conv_transpose2d_s2_k4_p1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 4, 4), r(3), stride=2, padding=1,
+    weights=(1, 2))
+row("conv_transpose2d_s2_outpad1", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(3), stride=2, padding=1,
+    output_padding=1, weights=(1, 2))
 row("conv_transpose2d_s2_k2", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 6, 2, 2), r(6), stride=2, weights=(1, 2))
-row("conv_transpose2d_groups2", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(6), stride=2, padding=1, groups=2, weights=(1, 2))
+row("conv_transpose2d_groups2", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), r(6), stride=2, padding=1, groups=2,
+    weights=(1, 2))
 row("conv_transpose2d_nobias", F.conv_transpose2d, r(2, 4, 5, 5), r(4, 3, 3, 3), stride=1, padding=1, weights=(1,))
 row("conv_transpose1d_s2", F.conv_transpose1d, r(2, 4, 7), r(4, 3, 4), r(3), stride=2, padding=1, weights=(1, 2))
 
@@ -398,7 +405,8 @@ row("pixel_unshuffle", F.pixel_unshuffle, r(2, 2, 8, 6), 2)
 
 row("layer_norm_affine", F.layer_norm, r(2, 5, 16), (16,), 1 + 0.2 * r(16), 0.1 * r(16), weights=(2, 3))
 row("layer_norm_noaffine", F.layer_norm, r(2, 5, 16), (16,))
-row("layer_norm_2d_shape", F.layer_norm, r(2, 5, 4, 6), (4, 6), 1 + 0.2 * r(4, 6), 0.1 * r(4, 6), eps=1e-6, weights=(2, 3))
+row("layer_norm_2d_shape", F.layer_norm, r(2, 5, 4, 6), (4, 6), 1 + 0.2 * r(4, 6), 0.1 * r(4, 6), eps=1e-6,
+    weights=(2, 3))
 row("layer_norm_offset", F.layer_norm, r(2, 5, 16) * 3 + 5, (16,), 1 + 0.2 * r(16), 0.1 * r(16), weights=(2, 3))
 row("group_norm_g2", F.group_norm, r(2, 4, 6, 6), 2, 1 + 0.2 * r(4), 0.1 * r(4), weights=(2, 3))
 row("group_norm_g1_noaffine", F.group_norm, r(2, 4, 6, 6), 1)
@@ -497,7 +505,8 @@ row("index_select_dim0", torch.index_select, r(5, 6), 0, torch.tensor([3, 1], dt
 row("index_tensor", lambda x, i: x[i], r(6, 4), torch.tensor([5, 0, 3, 3], dtype=torch.int64))
 row("gather_dim1", torch.gather, r(3, 5), 1, ints(3, 4, lo=0, hi=5, dtype=torch.int64))
 row("gather_last", torch.gather, r(2, 3, 6), -1, ints(2, 3, 2, lo=0, hi=6, dtype=torch.int64))
-row("take_along_dim", lambda x, i: torch.take_along_dim(x, i, dim=1), r(3, 5), ints(3, 2, lo=0, hi=5, dtype=torch.int64))
+row("take_along_dim", lambda x, i: torch.take_along_dim(x, i, dim=1), r(3, 5),
+    ints(3, 2, lo=0, hi=5, dtype=torch.int64))
 row("roll_1", lambda x: torch.roll(x, 1, 1), r(2, 5, 4))
 row("roll_2d", lambda x: torch.roll(x, shifts=(2, -1), dims=(2, 3)), r(*X))
 row("roll_flat", lambda x: torch.roll(x, 3), r(3, 4))
@@ -570,11 +579,14 @@ row("int_clamp", lambda x: x.clamp(-5, 5), ints(4, 6), kind="int")
 row("int_sum", lambda x: x.sum(dim=1), ints(4, 6), kind="int")
 row("int_cumsum", lambda x: torch.cumsum(x, dim=-1), ints(4, 6), kind="int")
 row("int_where", torch.where, bools(4, 6), ints(4, 6), ints(4, 6), kind="int")
-row("int_floor_divide", torch.floor_divide, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("int_floor_divide", torch.floor_divide, ints(4, 6, lo=-50, hi=50),
+    ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
 row("int_floor_divide_scalar", lambda x: x // 4, ints(4, 6, lo=-50, hi=50), kind="int")
-row("int_remainder", torch.remainder, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("int_remainder", torch.remainder, ints(4, 6, lo=-50, hi=50),
+    ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
 row("int_remainder_scalar", lambda x: x % 5, ints(4, 6, lo=-50, hi=50), kind="int")
-row("int_fmod", torch.fmod, ints(4, 6, lo=-50, hi=50), ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
+row("int_fmod", torch.fmod, ints(4, 6, lo=-50, hi=50),
+    ints(4, 6, lo=1, hi=7) * torch.where(bools(4, 6), -1, 1).to(torch.int32), kind="int")
 row("bitwise_and", torch.bitwise_and, ints(4, 6, lo=0, hi=256), ints(4, 6, lo=0, hi=256), kind="int")
 row("bitwise_or", torch.bitwise_or, ints(4, 6, lo=0, hi=256), ints(4, 6, lo=-256, hi=256), kind="int")
 row("bitwise_xor", torch.bitwise_xor, ints(4, 6, lo=-256, hi=256), ints(4, 6, lo=0, hi=256), kind="int")

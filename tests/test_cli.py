@@ -26,7 +26,8 @@ def test_targets_lists_every_target(capsys):
 
 
 def test_unknown_target_is_a_one_line_error(capsys, tmp_path):
-    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "tpu-v9", "-o", str(tmp_path / "o"), "--quiet"])
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "tpu-v9", "-o", str(tmp_path / "o"),
+               "--quiet"])
     err = capsys.readouterr().err
     assert rc != 0
     assert err.startswith("tpu-export: error: unknown target 'tpu-v9'") and "tpu-v6e" in err

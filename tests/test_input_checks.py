@@ -82,12 +82,12 @@ def test_out_of_vocabulary_ids_fail_like_torch_on_both_paths(tagger, bad):
     ids[1, 3] = bad
     with pytest.raises(IndexError, match="index out of range in self"):
         m(ids, shift)
-    for path, run in _both(tagger):
+    for _path, run in _both(tagger):
         with pytest.raises(InputIndexError, match=rf"index out of range in self: input 'ids' holds ids from "
                                                   rf"-?\d+ to \d+; the embedding it feeds has {VOCAB} rows"):
             run(ids, shift)
     if bad >= 0:  # the same ids as uint64 (numpy): bounded too, never wrapped into range
-        for path, run in _both(tagger):
+        for _path, run in _both(tagger):
             with pytest.raises(InputIndexError, match="index out of range in self"):
                 run(ids.numpy().astype(np.uint64), shift)
 
@@ -106,14 +106,14 @@ def test_integers_outside_int32_are_refused_not_wrapped(tagger, dtype):
     ids, shift = _tagger_args()
     big = np.full(shift.shape, 2**32 + 5, dtype=np.uint64 if dtype is np.uint64 else np.int64)
     big = torch.from_numpy(big) if dtype is torch.int64 else big
-    for path, run in _both(tagger):
+    for _path, run in _both(tagger):
         with pytest.raises(InputValueError, match=r"input 'shift': (int64|uint64) values outside the int32 range"):
             run(ids, big)
 
 
 def test_wrong_keyword_lists_the_valid_names(tagger):
     ids, shift = _tagger_args()
-    for path, run in _both(tagger):
+    for _path, run in _both(tagger):
         with pytest.raises(InputTypeError, match=r"unexpected keyword argument\(s\) \['shfit'\]; valid names: "
                                                  r"\['ids', 'shift'\]"):
             run(ids, shfit=shift)
@@ -126,7 +126,7 @@ def test_wrong_keyword_lists_the_valid_names(tagger):
 
 
 def test_dynamic_batch_range_rank_and_shared_dims(tagger):
-    for path, run in _both(tagger):
+    for _path, run in _both(tagger):
         for n in (1, 8):
             run(*_tagger_args(batch=n, seed=n))
         with pytest.raises(InputValueError, match=r"input 'ids': dim 0 \(batch\) is 9, outside its range \[1, 8\]"):

@@ -9,8 +9,6 @@ hidden in a function body fails here too. Shipped code never imports the test su
 import ast
 import os
 
-import pytest
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # package -> the layer it sits in; a package imports only itself and strictly lower layers (so edge and
@@ -35,7 +33,8 @@ def _imports(path):
                 yield node.lineno, a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module.split(".")[0]
-        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module":
+        elif (isinstance(node, ast.Call)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"):
             if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
                 yield node.lineno, node.args[0].value.split(".")[0]
 

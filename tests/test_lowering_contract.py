@@ -15,8 +15,15 @@ import torch
 import converter
 import edge
 from converter.errors import ConversionError
-from converter.registry import (OP_FAMILIES, LoweringContextBase, LoweringError, arguments, bind_args, op_name,
-                                unbind_args)
+from converter.registry import (
+    OP_FAMILIES,
+    LoweringContextBase,
+    LoweringError,
+    arguments,
+    bind_args,
+    op_name,
+    unbind_args,
+)
 from tpu_backend.lowering import JAX_LOWERINGS, KERNEL_HOOKS, LoweringContext, lower_signature
 from tpu_backend.lowering import lowering as tpu_lowering
 from tpu_backend.lowering import supported_if as tpu_supported_if

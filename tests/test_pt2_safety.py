@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 import litert_torch
-from tpu_export.cli import main
 from converter.errors import ExportFailedError
 from converter.pipeline import prepare, run_program
+from tpu_export.cli import main
 
 
 class _Net(nn.Module):
@@ -105,7 +105,8 @@ def test_sample_inputs_pickle_is_never_read(tmp_path):
     fails: a payload there runs from an archive whose weights are all raw tensors."""
     m, clean = _saved(tmp_path)
     marker = tmp_path / "sample_inputs_ran"
-    path = _rewrite(clean, tmp_path / "inputs.pt2", {"data/sample_inputs/model.pt": lambda b: pickle.dumps(_Marker(marker))})
+    path = _rewrite(clean, tmp_path / "inputs.pt2",
+                    {"data/sample_inputs/model.pt": lambda b: pickle.dumps(_Marker(marker))})
     x = torch.randn(6, 4)
     prog = prepare(str(path))  # accepted: nothing hostile is read
     torch.testing.assert_close(run_program(prog, x), m(x))
@@ -211,7 +212,8 @@ def test_corrupted_archives_never_escape_as_other_exceptions(tmp_path):
             b = b[: rng.randrange(len(b))]
         else:
             p = rng.randrange(len(b))
-            b[p: p + 8] = rng.choice([b"\xff" * 8, b"\x00" * 8, bytes(rng.randrange(256) for _ in range(8))])[: len(b[p: p + 8])]
+            patch = rng.choice([b"\xff" * 8, b"\x00" * 8, bytes(rng.randrange(256) for _ in range(8))])
+            b[p: p + 8] = patch[: len(b[p: p + 8])]
         path = tmp_path / f"m{i}.pt2"
         path.write_bytes(bytes(b))
         try:
@@ -220,8 +222,9 @@ def test_corrupted_archives_never_escape_as_other_exceptions(tmp_path):
         except ExportFailedError as e:
             assert "\n" not in str(e) and str(path) in str(e), str(e)
             outcomes["refused"] += 1
-        except Exception as e:  # a converter error on a graph the flip left valid is fine, any other is not
+        except Exception as e:  # noqa: BLE001 - re-checked below: any error but a ConversionError fails, naming the file
             from converter.errors import ConversionError
 
+            # a converter error on a graph the flip left valid is fine, any other is not
             assert isinstance(e, ConversionError), (path, type(e), e)
     assert outcomes["refused"] > 60, outcomes

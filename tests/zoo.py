@@ -502,7 +502,8 @@ class MBConv(nn.Module):
 
 class EfficientNet(nn.Module):
     # expand_ratio, kernel, stride, in, out, layers
-    SETTING = [(1, 3, 1, 16, 8, 1), (4, 3, 2, 8, 16, 2), (4, 5, 2, 16, 16, 2), (3, 3, 2, 16, 24, 1), (2, 5, 1, 24, 32, 1)]
+    SETTING = [(1, 3, 1, 16, 8, 1), (4, 3, 2, 8, 16, 2), (4, 5, 2, 16, 16, 2), (3, 3, 2, 16, 24, 1),
+               (2, 5, 1, 24, 32, 1)]
 
     def __init__(self, num_classes=10, last_channel=64):
         super().__init__()
@@ -767,7 +768,8 @@ class ConvNeXt(nn.Module):
                 layers.append(nn.Sequential(LayerNorm2d(d, eps=1e-6), nn.Conv2d(d, dims[i + 1], 2, 2)))
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Sequential(LayerNorm2d(dims[-1], eps=1e-6), nn.Flatten(1), nn.Linear(dims[-1], num_classes))
+        self.classifier = nn.Sequential(LayerNorm2d(dims[-1], eps=1e-6), nn.Flatten(1),
+                                        nn.Linear(dims[-1], num_classes))
 
     def forward(self, x):
         return self.classifier(self.avgpool(self.features(x)))
@@ -880,7 +882,8 @@ class ASPP(nn.Module):
         mods = [nn.Sequential(nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())]
         for r in rates:
             mods.append(
-                nn.Sequential(nn.Conv2d(cin, cout, 3, padding=r, dilation=r, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+                nn.Sequential(nn.Conv2d(cin, cout, 3, padding=r, dilation=r, bias=False), nn.BatchNorm2d(cout),
+                              nn.ReLU())
             )
         mods.append(ASPPPooling(cin, cout))
         self.convs = nn.ModuleList(mods)
@@ -955,7 +958,8 @@ class EncoderBlock(nn.Module):
         self.self_attention = Attention(dim, heads)
         self.dropout = nn.Dropout(0.0)
         self.ln_2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Dropout(0.0), nn.Linear(mlp_dim, dim), nn.Dropout(0.0))
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_dim), nn.GELU(), nn.Dropout(0.0), nn.Linear(mlp_dim, dim),
+                                 nn.Dropout(0.0))
 
     def forward(self, input):
         x = self.dropout(self.self_attention(self.ln_1(input)))
@@ -1064,7 +1068,8 @@ class SwinBlock(nn.Module):
         self.attn = WindowAttention(dim, ws, heads)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
-        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.0), nn.Linear(hidden, dim), nn.Dropout(0.0))
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.0), nn.Linear(hidden, dim),
+                                 nn.Dropout(0.0))
         if shift > 0:
             img_mask = torch.zeros((1, self.H, self.W, 1))
             slices = (slice(0, -ws), slice(-ws, -shift), slice(-shift, None))
@@ -1299,7 +1304,8 @@ class LlamaLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab=160, dim=64, layers=2, heads=4, kv_heads=2, hidden=128, max_seq=32, eps=1e-6, theta=10000.0):
+    def __init__(self, vocab=160, dim=64, layers=2, heads=4, kv_heads=2, hidden=128, max_seq=32, eps=1e-6,
+                 theta=10000.0):
         super().__init__()
         self.embed_tokens = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList([LlamaLayer(dim, heads, kv_heads, hidden, eps) for _ in range(layers)])

@@ -170,7 +170,8 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
     dims = _concrete_dims(sig, bundle, dim_values)
 
     def sds(shape, dtype, sharding):
-        placed = named_sharding(mesh, sharding or []) if mesh is not None else jax.sharding.SingleDeviceSharding(devices[0])
+        placed = (named_sharding(mesh, sharding or []) if mesh is not None
+                  else jax.sharding.SingleDeviceSharding(devices[0]))
         return jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
 
     w_sds = [sds(tuple(bundle.weights[w].shape), a.dtype, bundle.weight_shardings.get(w))

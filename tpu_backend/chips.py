@@ -11,7 +11,8 @@ import dataclasses
 import math
 import re
 
-__all__ = ["ChipSpec", "KernelFacts", "Topology", "CHIPS", "TARGETS", "BY_GENERATION", "InvalidTopologyError", "chip_for_target", "parse_topology"]
+__all__ = ["ChipSpec", "KernelFacts", "Topology", "CHIPS", "TARGETS", "BY_GENERATION", "InvalidTopologyError",
+           "chip_for_target", "parse_topology"]
 
 GiB = 1024**3
 

@@ -215,7 +215,8 @@ def _isolate_flag(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tpu-export", description="torch.export once -> TPU (StableHLO) and LiteRT artifacts",
+    p = argparse.ArgumentParser(prog="tpu-export",
+                                description="torch.export once -> TPU (StableHLO) and LiteRT artifacts",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -230,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topology", help="TPU topology for AOT compiles, e.g. 2x2")
     c.add_argument("--use-pallas", choices=["auto", "on", "off"])
     c.add_argument("--dtype", choices=["float32", "bfloat16"])
-    c.add_argument("--quantize", metavar="SCHEME", help="dynamic_int8, weight_only_int8, weight_only_int4, fp16, static_int8")
+    c.add_argument("--quantize", metavar="SCHEME",
+                   help="dynamic_int8, weight_only_int8, weight_only_int4, fp16, static_int8")
     c.add_argument("--calibration", metavar="FILE.npz", help="calibration inputs for static_int8 (first dim = sample)")
     c.add_argument("--dynamic-batch", action="store_true", help="export dim 0 of every input as dynamic")
     c.add_argument("--max-batch", type=int, default=1024)

@@ -118,7 +118,7 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
     Decomposition runs once, with ``keep_core`` kept whole; those few nodes are then decomposed
     in place from the same table (what ``converter.prepare`` would have produced) before the
     shared passes run."""
-    from converter.capture import capture, forward_params, _as_tuple
+    from converter.capture import _as_tuple, capture, forward_params
     from converter.decompositions import KEEP_WHOLE, decompose, decompose_nodes
     from converter.passes import run_shared_passes
     from converter.program import program_from_exported
@@ -137,11 +137,10 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
 
 def _edge_builtins(prog) -> tuple:
     """Names of the LiteRT builtins the edge backend emits for ``prog`` (lowering only: no file)."""
+    from converter.support import unsupported_ops
     from edge.builder import ModelBuilder, schema
     from edge.convert import is_supported
     from edge.lower import lower_signature
-
-    from converter.support import unsupported_ops
 
     if unsupported_ops(prog, is_supported):
         return ()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from ..program import Program, verify_program
+from ._util import drop_unused_weights, sync_weights
 from .dead_code import remove_dead_code
 from .dtype_policy import apply_dtype_policy
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .naming import name_tensors
-from ._util import drop_unused_weights, sync_weights
 
 __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_constants", "remove_dead_code",
            "apply_dtype_policy", "name_tensors"]

@@ -12,8 +12,8 @@ import warnings
 import torch
 
 from ..dtypes import NARROW
-from ..interpret import NarrowingInterpreter
 from ..errors import DtypePolicyError, source_line
+from ..interpret import NarrowingInterpreter
 from ..program import Program, refresh_signature_specs
 from ..registry import op_name
 from ._util import fake_mode_of

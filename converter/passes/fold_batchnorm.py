@@ -26,7 +26,8 @@ def _fold_one(prog, sig, bn) -> bool:
     if not isinstance(producer, torch.fx.Node) or len(producer.users) != 1:
         return False
     stats = [weight_of(prog, a) if a is not None else None for a in (gamma, beta, mean, var)]
-    if stats[2] is None or stats[3] is None or (gamma is not None and stats[0] is None) or (beta is not None and stats[1] is None):
+    if (stats[2] is None or stats[3] is None or (gamma is not None and stats[0] is None)
+            or (beta is not None and stats[1] is None)):
         return False
     if any(u.target is not operator.getitem for u in bn.users) or any(u.args[1] != 0 for u in bn.users if u.users):
         return False

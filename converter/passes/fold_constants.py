@@ -54,7 +54,7 @@ def fold_constants(prog: Program) -> None:
                 continue
             if any(isinstance(s, torch.SymInt) for s in getattr(n.meta.get("val"), "shape", ())):
                 continue
-            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: values[a])
+            args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), values.__getitem__)
             try:
                 # under the 32-bit policy, computed exactly as the narrowed graph would (arange's
                 # default int64 becomes int32, as the node's meta value already says)

@@ -50,7 +50,8 @@ def _delegates() -> dict[str, Delegate]:
     from . import android_gpu, ios_coreml, ios_metal, tflite_micro
 
     return {
-        "gpu": Delegate("gpu", "GPU (LiteRT GPU delegate)", "CPU", android_gpu.SOURCE, _table_check(android_gpu.GPU_OPS)),
+        "gpu": Delegate("gpu", "GPU (LiteRT GPU delegate)", "CPU", android_gpu.SOURCE,
+                        _table_check(android_gpu.GPU_OPS)),
         "coreml": Delegate("coreml", "Neural Engine/GPU (Core ML delegate)", "CPU", ios_coreml.SOURCE,
                            _table_check(ios_coreml.COREML_OPS, ios_coreml.coreml_common_check)),
         "metal": Delegate("metal", "GPU (Metal delegate)", "CPU", ios_metal.SOURCE, _table_check(ios_metal.METAL_OPS)),

@@ -188,7 +188,8 @@ def test_signature_names_inputs_outputs_and_dynamic_dims():
     prog = prepare(M(), (x,), {"scale": s}, dynamic_shapes={"image": {0: batch}, "scale": None})
     sig = prog.signature()
     assert [i.name for i in sig.inputs] == ["image", "scale"]
-    assert [o.name for o in sig.outputs] == ["features", "logits"] or [o.name for o in sig.outputs] == ["logits", "features"]
+    assert ([o.name for o in sig.outputs] == ["features", "logits"]
+            or [o.name for o in sig.outputs] == ["logits", "features"])
     assert sig.inputs[0].shape == ("batch", 3, 4, 4)
     assert sig.dim_ranges["batch"] == (1, 64)
     for b in (1, 4):

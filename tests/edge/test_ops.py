@@ -61,7 +61,6 @@ def test_op_row(row):
 
 def _convert_hist(module, args):
     import litert_torch
-
     from edge import op_histogram
 
     with warnings.catch_warnings():

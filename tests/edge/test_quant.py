@@ -169,6 +169,7 @@ def test_convert_static_int8_float_and_int8_io(small_cnn):
     i_io = litert_torch.convert(module, args, quant_config=QuantConfig("static_int8", io_dtype="int8"),
                                 calibration_data=iter(cal))  # any iterable
     from ai_edge_litert.interpreter import Interpreter
+
     from targets.tflm_run import _dequantize, _quantize, measure_arena, run_tflm
 
     tfl = i_io.tflite_model()

@@ -180,7 +180,8 @@ def _mutate(data: bytes, rec: _Recorder, rng: random.Random) -> tuple[str, bytes
     elif kind == "buffer_offset":
         fields = [s for s in rec.scalars if s[2].startswith("buffer") and s[3] in (1, 2)] or rec.scalars
         pos, fmt, _, _ = rng.choice(fields)
-        struct.pack_into(fmt, b, pos, _fit(rng.choice([2, len(b), len(b) - 1, 2**62, 2**64 - 1, rng.randrange(len(b))]), fmt))
+        struct.pack_into(fmt, b, pos,
+                         _fit(rng.choice([2, len(b), len(b) - 1, 2**62, 2**64 - 1, rng.randrange(len(b))]), fmt))
     else:
         kind, p, n = "zero", rng.randrange(len(b)), rng.randint(4, 64)
         b[p: p + n] = bytes(len(b[p: p + n]))
@@ -231,7 +232,7 @@ def _run_children(manifest: str, n: int, log: str) -> tuple[dict, dict, list, li
 def test_mutated_tflite_files_are_refused_or_run_never_crash_or_hang(tmp_path):
     t0 = time.monotonic()
     seeds, manifest = _seeds(), {"per_seed": N_PER_SEED, "seeds": []}
-    for s, (name, data, args) in enumerate(seeds):
+    for name, data, args in seeds:
         tflite_check.check_tflite(data, name)  # the unmutated models pass
         (tmp_path / f"{name}.tflite").write_bytes(data)
         ins = []
@@ -284,8 +285,8 @@ def _op(m, s, name):
     code = getattr(s.BuiltinOperator, name)
     sg = m.subgraphs[0]
     return next(op for op in sg.operators
-                if max(m.operatorCodes[op.opcodeIndex].builtinCode, m.operatorCodes[op.opcodeIndex].deprecatedBuiltinCode)
-                == code)
+                if max(m.operatorCodes[op.opcodeIndex].builtinCode,
+                       m.operatorCodes[op.opcodeIndex].deprecatedBuiltinCode) == code)
 
 
 def _refused(tmp_path, data: bytes, match: str) -> str:

@@ -10,8 +10,8 @@ import torch
 
 import converter
 import tpu_backend
-from tpu_backend.chips import CHIPS
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_program, zoo_program
+from tpu_backend.chips import CHIPS
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 

@@ -15,10 +15,10 @@ import torch
 
 import converter
 import tpu_backend
+from tests.tpu.artifact_helpers import assert_close_tree, mlp_program
 from tpu_backend.artifact import format as fmt
 from tpu_backend.artifact.container import open_container
 from tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactVersionError, ManifestError
-from tests.tpu.artifact_helpers import assert_close_tree, mlp_program
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -79,6 +79,7 @@ def test_layout_dir_and_zip_hold_the_same_files(bundle, tmp_path):
 def test_weights_file_is_standard_safetensors(bundle, art_dir, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
+
     from tpu_backend.artifact.safetensors_io import read_safetensors
 
     with safe_open(str(art_dir / "weights.safetensors"), framework="pt") as f:

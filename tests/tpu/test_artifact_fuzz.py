@@ -197,7 +197,8 @@ def _dir_case(base: Path, dst: Path, rng: random.Random) -> dict:
     else:  # layout only: the same artifact, differently laid out -> must load
         what = rng.choice(["reindent", "root_link"])
         if what == "reindent":
-            (dst / "manifest.json").write_text(json.dumps(m, indent=rng.choice([None, 1, 4]), sort_keys=rng.random() < .5))
+            (dst / "manifest.json").write_text(json.dumps(m, indent=rng.choice([None, 1, 4]),
+                                                          sort_keys=rng.random() < .5))
         else:
             real = dst.parent / f"{dst.name}.real"
             dst.rename(real)

@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 import tpu_backend
+from tests.tpu.artifact_helpers import assert_close_tree, mlp_inputs, mlp_program
 from tpu_backend.artifact import format as fmt
 from tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError, ManifestError
-from tests.tpu.artifact_helpers import assert_close_tree, mlp_inputs, mlp_program
 
 FP32_TOL = 1e-5
 SIG = "signatures/serving_default.jaxexport"
@@ -92,6 +92,7 @@ def _plant_cpu_executable(d: Path, platform: str = "cpu") -> None:
     signature, with correct hashes and digest: what a hostile author can ship."""
     import jax
     import jax.numpy as jnp
+
     from tpu_backend.artifact.versions import runtime_versions
 
     m = _manifest(d)
@@ -120,6 +121,7 @@ def _plant_cpu_executable(d: Path, platform: str = "cpu") -> None:
 
 def test_planted_executable_is_never_run(art, caplog):
     import jax
+
     from tpu_backend.artifact.compiled import CompiledSignature
     from tpu_backend.artifact.load import read_artifact
     from tpu_backend.runtime import TpuProgram
@@ -170,8 +172,8 @@ def test_cli_run_compiles_the_stablehlo_even_with_use_compiled(art, tmp_path, ca
     np.save(tmp_path / "x.npy", args[0].numpy())
     np.save(tmp_path / "offset.npy", kwargs["offset"].numpy())
     for extra in ([], ["--use-compiled"]):
-        rc = main(["run", str(art), "--input", f"x={tmp_path / 'x.npy'}", "--input", f"offset={tmp_path / 'offset.npy'}",
-                   "--save-outputs", str(tmp_path / "out.npz"), *extra])
+        rc = main(["run", str(art), "--input", f"x={tmp_path / 'x.npy'}",
+                   "--input", f"offset={tmp_path / 'offset.npy'}", "--save-outputs", str(tmp_path / "out.npz"), *extra])
         assert rc == 0, capsys.readouterr().err
         got = np.load(tmp_path / "out.npz")["logits"]
         np.testing.assert_allclose(got, model(*args, **kwargs)["logits"].detach().numpy(), rtol=1e-5, atol=1e-5)

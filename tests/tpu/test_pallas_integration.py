@@ -21,6 +21,7 @@ import tpu_backend
 from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 
+
 def _tpu_kernels(bundle) -> set:
     """Mosaic kernel names in the TPU lowering of every signature of ``bundle``."""
     names = set()

@@ -24,6 +24,7 @@ from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 from tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
 
+
 def _weights_table(path) -> dict:
     with open(os.path.join(path, "manifest.json")) as f:
         return json.load(f)["weights"]["tensors"]

@@ -105,7 +105,8 @@ def _read(box, path, verify, load_executables, isolate_timeout=None) -> TpuArtif
             got = box.sha256(rel, e["size"])
             if got != e["sha256"]:
                 raise ArtifactCorruptError(f"{path}: {rel} does not match its recorded sha256 "
-                                           f"(expected {e['sha256'][:16]}..., got {got[:16]}...): the file is corrupted")
+                                           f"(expected {e['sha256'][:16]}..., got {got[:16]}...): "
+                                           "the file is corrupted")
 
     # Each export is read once: these bytes are hash-checked, parsed in the child (isolate) and here.
     raw = {}

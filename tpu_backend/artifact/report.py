@@ -50,7 +50,8 @@ def build_report(target, topology, libtpu_topology, chip, devices, mesh, per_sig
             "input_shapes": f["input_shapes"],
             "compile_seconds": f["compile_seconds"],
             "executable_bytes": f["executable_bytes"],
-            "cost": {k: _scoped(c[k], per_chip_factor, n, chip) for k in ("flops", "transcendentals", "bytes_accessed")},
+            "cost": {k: _scoped(c[k], per_chip_factor, n, chip)
+                     for k in ("flops", "transcendentals", "bytes_accessed")},
             "memory": {k: _scoped(v, per_chip_factor, n, chip) for k, v in m.items()},
         }
         entry["cost"]["optimal_seconds"] = {

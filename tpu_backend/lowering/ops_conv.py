@@ -4,8 +4,8 @@ lax.conv_general_dilated in torch's channels-first layout (XLA picks the TPU lay
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import cast, ntuple
 from .registry import lowering

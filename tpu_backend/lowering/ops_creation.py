@@ -4,8 +4,8 @@ _to_copy, copy. Output dtypes come from the node (already narrowed to 32 bits by
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import cast
 from .registry import lowering

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import cast, cast_all, is_array
 from .registry import lowering

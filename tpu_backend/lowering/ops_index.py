@@ -7,8 +7,8 @@ Boolean-mask indexing has a data-dependent shape and is reported unsupported up 
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import cast, norm_dim
 from .ops_slice import slice_bounds

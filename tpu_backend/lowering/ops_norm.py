@@ -6,8 +6,8 @@ Statistics of bf16/f16 inputs are computed in f32 and the result cast back once.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import acc_dtype, cast
 from .registry import lowering
@@ -71,7 +71,7 @@ def native_layer_norm(ctx, x, normalized_shape, weight, bias, eps):
 
 def _group_norm(ctx, x, num_groups, weight, bias, eps):
     acc = acc_dtype(ctx.out_dtype)
-    n, c = x.shape[0], x.shape[1]
+    n = x.shape[0]
     grouped = cast(x, acc).reshape((n, num_groups, -1))
     y, mean, rstd = _normalize(grouped, (2,), eps)
     y = y.reshape(x.shape)

@@ -4,9 +4,9 @@ divisor_override) and adaptive avg/max pool, for 1/2/3 spatial dims on lax.reduc
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import torch
+from jax import lax
 
 from .helpers import acc_dtype, cast, ntuple
 from .registry import lowering

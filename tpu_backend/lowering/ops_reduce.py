@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 import torch
+from jax import lax
 
 from .helpers import acc_dtype, cast, norm_dim, norm_dims
 from .registry import lowering

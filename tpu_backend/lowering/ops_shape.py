@@ -7,9 +7,9 @@ Functionalized graphs carry no aliasing, so every view is a value here.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import torch
+from jax import lax
 
 from .helpers import cast, norm_dim, norm_dims, static_int
 from .registry import lowering, supported_if

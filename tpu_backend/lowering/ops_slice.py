@@ -8,9 +8,9 @@ recorded output shape rather than recomputed with python min/max.
 from __future__ import annotations
 
 import jax.numpy as jnp
-from jax import lax
 import numpy as np
 import torch
+from jax import lax
 
 from .helpers import norm_dim, norm_dims, static_int
 from .registry import lowering

@@ -113,8 +113,8 @@ def _splash(q, k, v, *, is_causal, scale, blocks, interpret):
 
 
 def _flash(q, k, v, mask, *, is_causal, scale, blocks, interpret):
-    from jax.experimental.pallas.ops.tpu import flash_attention as fa
     from jax.experimental.pallas import tpu as pltpu
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
     b, hq, sq, d = q.shape
     hkv, sk = k.shape[1], k.shape[2]
