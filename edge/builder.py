@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["schema", "ModelBuilder", "SubgraphBuilder", "options", "TENSOR_TYPE", "NP_DTYPE"]
+__all__ = ["schema", "ModelBuilder", "SubgraphBuilder", "options", "TENSOR_TYPE", "NP_DTYPE", "type_names"]
 
 _SCHEMA = None
 
@@ -33,6 +33,11 @@ TENSOR_TYPE = {
     "complex64": 8, "int8": 9, "float64": 10, "uint32": 15, "uint16": 16,
 }
 NP_DTYPE = {v: np.dtype(k) for k, v in TENSOR_TYPE.items()}
+
+
+def type_names() -> dict[int, str]:
+    """Every TensorType value of the schema -> its lower-case name ("float32", "int4", "bool", ...)."""
+    return {v: k.lower() for k, v in vars(schema().TensorType).items() if not k.startswith("_")}
 
 
 def options(kind: str, **fields):

@@ -130,7 +130,7 @@ class Lowerer(LoweringContextBase):
         return t
 
     def _const_name(self, v):
-        return getattr(v, "name", None) or self.name("const")
+        return v.name or self.name("const")
 
     def with_perm(self, v: Val, perm) -> Val:
         perm = tuple(perm)
@@ -256,9 +256,7 @@ def _weight_val(prog, node) -> Val:
     if w.dtype == torch.bfloat16:
         w = w.float()
     a = w.contiguous().numpy()
-    v = Val(tuple(a.shape), a.dtype, L.identity(a.ndim), const=a)
-    v.name = node.meta["weight_name"]
-    return v
+    return Val(tuple(a.shape), a.dtype, L.identity(a.ndim), const=a, name=node.meta["weight_name"])
 
 
 def _sym_value(lw, node, args) -> SymVal:

@@ -43,6 +43,7 @@ class Val:
     # (scale, shift) over the last logical dim still to apply: a norm's affine left for its
     # readers, all of them linear layers that fold it into their weights (see ops_nn)
     pending_affine: tuple | None = None
+    name: str | None = None  # a weight's name: its constant tensor is named after it
 
     @property
     def rank(self) -> int:

@@ -20,9 +20,15 @@ from converter.input_check import bind_inputs, to_numpy
 __all__ = ["read_signatures", "bind", "quantize_floats"]
 
 _STRUCTURE = "tpu_export.structure"  # written by edge.convert (JSON, never code)
-# LiteRT TensorType -> numpy dtype name (types numpy lacks are left unchecked)
-_TYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 8: "complex64",
-          9: "int8", 10: "float64", 11: "complex128", 12: "uint64", 15: "uint32", 16: "uint16"}
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_type_name(code: int) -> str | None:
+    """The numpy dtype name of a LiteRT TensorType; None for types numpy lacks (left unchecked)."""
+    from edge.builder import type_names
+
+    name = type_names().get(code)
+    return name if name in np.sctypeDict else None
 
 
 def read_signatures(data: bytes) -> dict:
@@ -64,7 +70,7 @@ def read_signatures(data: bytes) -> dict:
 def _spec(name, tensor, meta) -> dict:
     sig = tensor.ShapeSignatureAsNumpy() if tensor.ShapeSignatureLength() else tensor.ShapeAsNumpy()
     shape = [None if d < 0 else int(d) for d in (sig if isinstance(sig, np.ndarray) else ())]
-    spec = {"name": name, "dtype": _TYPES.get(tensor.Type()), "shape": shape}
+    spec = {"name": name, "dtype": _numpy_type_name(tensor.Type()), "shape": shape}
     if meta is not None and _agrees(meta.get("shape"), shape):
         spec["shape"] = list(meta["shape"])
         spec.update({k: meta[k] for k in ("index_bound", "channel_last") if k in meta})

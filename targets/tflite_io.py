@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from edge.builder import type_names as tflite_type_names
+
 __all__ = ["IoSpec", "signatures"]
 
 
@@ -22,7 +24,7 @@ def signatures(tflite: bytes) -> dict[str, tuple[list[IoSpec], list[IoSpec]]]:
     from ai_edge_litert import schema_py_generated as s
 
     m = s.Model.GetRootAs(tflite, 0)
-    type_names = {v: k.lower() for k, v in vars(s.TensorType).items() if not k.startswith("_")}
+    type_names = tflite_type_names()
 
     def spec(sg, name, index):
         t = sg.Tensors(index)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from edge.builder import type_names as tflite_type_names
+
 __all__ = ["TensorView", "OpView", "read_ops"]
 
 _SMALL_CONST_BYTES = 256
@@ -64,7 +66,7 @@ def read_ops(tflite: bytes) -> list[OpView]:
     s = _schema()
     model = s.Model.GetRootAs(tflite, 0)
     op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
-    type_names = {v: k.lower() for k, v in vars(s.TensorType).items() if not k.startswith("_")}
+    type_names = tflite_type_names()
     codes = []
     for i in range(model.OperatorCodesLength()):
         oc = model.OperatorCodes(i)
