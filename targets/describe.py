@@ -77,8 +77,8 @@ def describe_artifact(path: str, *, isolate: bool = False) -> str:
         lines.append(f"  signature {name!r}")
         for kind, specs in (("input", sig.inputs), ("output", sig.outputs)):
             for s in specs:
-                extra = f" sharding={s['sharding']}" if s.get("sharding") else ""
-                lines.append(f"    {kind:6s} {s['name']:24s} {s['shape']} {s['dtype']}{extra}")
+                extra = f" sharding={s.to_json()['sharding']}" if s.sharding else ""
+                lines.append(f"    {kind:6s} {s.name:24s} {list(s.shape)} {s.dtype}{extra}")
         text = sig.exported.mlir_module()
         hist = Counter(re.findall(r"\b(stablehlo\.[a-z_]+|tpu_custom_call)", text))
         lines.append("    StableHLO op histogram:")

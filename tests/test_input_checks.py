@@ -70,7 +70,7 @@ def test_index_bound_found_and_carried_to_both_artifacts(tagger, tmp_path):
     assert [s.get("index_bound") for s in edge._signatures["serving_default"]["specs"]] == [VOCAB, None]
     path = tpu_backend.export_program(prog, platforms=("cpu",)).save(tmp_path / "t.tpuexp")
     loaded = tpu_backend.load(path)
-    assert [s.get("index_bound") for s in loaded.signature().inputs] == [VOCAB, None]
+    assert [s.index_bound for s in loaded.signature().inputs] == [VOCAB, None]
     ids, shift = _tagger_args(batch=2, seed=4)
     np.testing.assert_allclose(loaded(ids, shift).numpy(), m(ids, shift).detach().numpy(), rtol=1e-5, atol=1e-5)
 

@@ -155,10 +155,10 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
 def _concrete_dims(sig, bundle, dim_values) -> dict:
     dims = dict(dim_values or {})
     for spec in sig.inputs:
-        for i, d in enumerate(spec["shape"]):
+        for i, d in enumerate(spec.shape):
             if isinstance(d, str) and d not in dims:
                 lo = max(1, sig.dim_ranges.get(d, [1])[0])
-                sh = (spec.get("sharding") or [None] * len(spec["shape"]))[i]
+                sh = (spec.sharding or [None] * len(spec.shape))[i]
                 step = bundle.mesh.axis_size(sh) if sh else 1
                 dims[d] = -(-lo // step) * step
     return dims
@@ -176,8 +176,8 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
 
     w_sds = [sds(tuple(bundle.weights[w].shape), a.dtype, bundle.weight_shardings.get(w))
              for w, a in zip(sig.weight_names, sig.exported.in_avals)]
-    in_shapes = [[dims[d] if isinstance(d, str) else d for d in s["shape"]] for s in sig.inputs]
-    in_sds = [sds(tuple(shape), a.dtype, s.get("sharding"))
+    in_shapes = [[dims[d] if isinstance(d, str) else d for d in s.shape] for s in sig.inputs]
+    in_sds = [sds(tuple(shape), a.dtype, s.sharding)
               for shape, s, a in zip(in_shapes, sig.inputs, sig.exported.in_avals[len(w_sds):])]
     t0 = time.perf_counter()
     try:

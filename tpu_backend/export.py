@@ -21,6 +21,7 @@ import torch
 from .artifact import structure
 from .artifact.dtypes import name_to_numpy, torch_to_name
 from .artifact.format import PLATFORMS
+from .artifact.specs import ArtifactTensorSpec
 from .sharding import MeshSpec, PartitionRules, named_sharding
 
 __all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS"]
@@ -37,8 +38,8 @@ class ExportedSignature:
     name: str
     exported: Any  # jax.export.Exported
     weight_names: list[str]
-    inputs: list[dict]  # {"name", "shape", "dtype", "index_bound"?, "sharding"?, "jax_shape"?}
-    outputs: list[dict]
+    inputs: list[ArtifactTensorSpec]
+    outputs: list[ArtifactTensorSpec]
     input_structure: dict  # artifact.structure of (args, kwargs)
     output_structure: dict
     dim_ranges: dict[str, list[int]]
@@ -200,33 +201,24 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
     from jax import export
 
     t0 = time.perf_counter()
-    inputs = [_spec_json(s) for s in sig.inputs]
-    outputs = [_spec_json(s) for s in sig.outputs]
+    inputs = [_artifact_spec(s) for s in sig.inputs]
+    outputs = [_artifact_spec(s) for s in sig.outputs]
     ranges = {k: [int(a), int(b)] for k, (a, b) in sig.dim_ranges.items()}
 
     rename: dict[str, str] = {}  # dyn dim -> expression with the data-axis factor pulled out
     if mesh is not None:
-        for spec in inputs:
-            spec["sharding"] = rules.batch_spec(tuple(spec["shape"]), mesh, spec["name"])
-            d0 = spec["shape"][0] if spec["shape"] else None
-            if spec["sharding"] and spec["sharding"][0] and isinstance(d0, str):
-                if not re.fullmatch(r"[A-Za-z_]\w*", d0):
-                    spec["sharding"][0] = None  # an expression: leave it whole
-                    continue
-                n = mesh.axis_size(spec["sharding"][0])
-                rename[d0] = f"{n}*{d0}_per_{spec['sharding'][0]}"
-        batch_dims = {s["shape"][0] for s in inputs if s.get("sharding") and s["sharding"][:1] != [None]}
-        for spec in outputs:
-            spec["sharding"] = [None] * len(spec["shape"])
-            if spec["shape"] and spec["shape"][0] in batch_dims:
-                spec["sharding"] = rules.batch_spec(tuple(spec["shape"]), mesh, spec["name"])
+        inputs = [_place_input(s, mesh, rules, rename) for s in inputs]
+        batch_dims = {s.shape[0] for s in inputs if s.sharding and s.sharding[0] is not None}
+        outputs = [dataclasses.replace(s, sharding=rules.batch_spec(s.shape, mesh, s.name)
+                                       if s.shape and s.shape[0] in batch_dims else [None] * len(s.shape))
+                   for s in outputs]
 
     scope = export.SymbolicScope(_constraints(inputs, ranges, rename))
-    in_sds = [jax.ShapeDtypeStruct(_jax_shape(s, rename, scope, sig.name), name_to_numpy(s["dtype"]))
+    in_sds = [jax.ShapeDtypeStruct(_jax_shape(s, rename, scope, sig.name), name_to_numpy(s.dtype))
               for s in inputs]
-    for s in inputs:
-        if rename and any(isinstance(d, str) for d in s["shape"]):
-            s["jax_shape"] = [rename.get(d, d) if isinstance(d, str) else d for d in s["shape"]]
+    if rename:
+        inputs = [dataclasses.replace(s, jax_shape=[rename.get(d, d) if isinstance(d, str) else d for d in s.shape])
+                  if s.is_dynamic else s for s in inputs]
     w_sds = [jax.ShapeDtypeStruct(tuple(weights[w].shape), name_to_numpy(torch_to_name(weights[w].dtype)))
              for w in lo.weight_names]
 
@@ -235,11 +227,11 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
         am = mesh.abstract()
         jit_kw["in_shardings"] = (
             [named_sharding(am, weight_shardings[w]) for w in lo.weight_names],
-            *[named_sharding(am, s["sharding"]) for s in inputs],
+            *[named_sharding(am, s.sharding) for s in inputs],
         )
-        jit_kw["out_shardings"] = [named_sharding(am, s["sharding"]) for s in outputs]
+        jit_kw["out_shardings"] = [named_sharding(am, s.sharding) for s in outputs]
 
-    out_dtypes = [name_to_numpy(s["dtype"]) for s in outputs]
+    out_dtypes = [name_to_numpy(s.dtype) for s in outputs]
 
     def entry(weights_list, *xs):
         # Outputs keep the model's dtypes (a bf16 export computes in bf16 and returns float32).
@@ -254,8 +246,8 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
         raise ExportError(f"signature {sig.name!r}: lowering returned {len(exp.out_avals)} outputs, "
                           f"the program has {len(outputs)}")
 
-    in_names = [s["name"] for s in inputs]
-    out_names = [s["name"] for s in outputs]
+    in_names = [s.name for s in inputs]
+    out_names = [s.name for s in outputs]
     return ExportedSignature(
         name=sig.name, exported=exp, weight_names=list(lo.weight_names), inputs=inputs, outputs=outputs,
         input_structure=structure.from_treespec(sig.in_spec, in_names),
@@ -264,16 +256,28 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
     )
 
 
-def _spec_json(s) -> dict:
-    out = {"name": s.name, "shape": [d if isinstance(d, str) else int(d) for d in s.shape],
-           "dtype": torch_to_name(s.dtype)}
-    if s.index_bound is not None:  # embedding ids: the runtime checks them like torch
-        out["index_bound"] = int(s.index_bound)
-    return out
+def _artifact_spec(s) -> ArtifactTensorSpec:
+    """A converter TensorSpec as the artifact records it (the dtype by name)."""
+    bound = int(s.index_bound) if s.index_bound is not None else None  # embedding ids: checked like torch
+    return ArtifactTensorSpec(s.name, tuple(d if isinstance(d, str) else int(d) for d in s.shape),
+                              torch_to_name(s.dtype), bound)
+
+
+def _place_input(spec, mesh, rules, rename) -> ArtifactTensorSpec:
+    """The input's batch dim over the data axis; a dynamic batch dim named in ``rename`` as a
+    multiple of that axis's size (jax must see it divides)."""
+    sh = rules.batch_spec(spec.shape, mesh, spec.name)
+    d0 = spec.shape[0] if spec.shape else None
+    if sh and sh[0] and isinstance(d0, str):
+        if not re.fullmatch(r"[A-Za-z_]\w*", d0):
+            sh[0] = None  # an expression: leave it whole
+        else:
+            rename[d0] = f"{mesh.axis_size(sh[0])}*{d0}_per_{sh[0]}"
+    return dataclasses.replace(spec, sharding=sh)
 
 
 def _constraints(inputs, ranges, rename) -> list[str]:
-    used = {d for s in inputs for d in s["shape"] if isinstance(d, str)}
+    used = {d for s in inputs for d in s.shape if isinstance(d, str)}
     out = []
     for name, (lo, hi) in ranges.items():
         if name not in used:
@@ -289,13 +293,13 @@ def _constraints(inputs, ranges, rename) -> list[str]:
 def _jax_shape(spec, rename, scope, sig_name):
     from jax import export
 
-    if not any(isinstance(d, str) for d in spec["shape"]):
-        return tuple(spec["shape"])
-    text = ", ".join(rename.get(d, d) if isinstance(d, str) else str(d) for d in spec["shape"])
+    if not spec.is_dynamic:
+        return spec.shape
+    text = ", ".join(rename.get(d, d) if isinstance(d, str) else str(d) for d in spec.shape)
     try:
         return export.symbolic_shape(text, scope=scope)
     except Exception as e:  # noqa: BLE001
         raise ExportError(
-            f"signature {sig_name!r}: input {spec['name']!r} has dynamic shape {spec['shape']} that jax "
+            f"signature {sig_name!r}: input {spec.name!r} has dynamic shape {list(spec.shape)} that jax "
             f"cannot express as a symbolic shape ({e}). Fix: give that dim a plain torch.export.Dim."
         ) from e

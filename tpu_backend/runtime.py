@@ -86,6 +86,7 @@ class TpuProgram:
             }
         self._runners: dict = {}
         self._weight_lists: dict = {}
+        self._check_specs: dict = {}  # signature name -> (input names, input_check's plain specs)
         self._said = False
 
     @classmethod
@@ -148,19 +149,26 @@ class TpuProgram:
     def _flatten(self, sig, args, kwargs) -> list:
         top = sig.input_structure
         kw = top["items"][1] if top.get("kind") == "tuple" and len(top.get("items", ())) == 2 else {}
-        return bind_inputs(sig.name, [s["name"] for s in sig.inputs], args, kwargs,
+        return bind_inputs(sig.name, self._input_checks(sig)[0], args, kwargs,
                            flatten=lambda a, k: structure.flatten(top, (tuple(a), dict(k))),
                            keywords=kw.get("keys", ()) if kw.get("kind") == "dict" else ())
+
+    def _input_checks(self, sig) -> tuple:
+        """The input names and the plain specs converter.input_check takes, made once per signature."""
+        got = self._check_specs.get(sig.name)
+        if got is None:
+            got = self._check_specs[sig.name] = ([s.name for s in sig.inputs], [s.check_spec for s in sig.inputs])
+        return got
 
     def _convert(self, sig, flat) -> list:
         """The one input check the edge Model runs too (names, rank, dims, dim ranges, dtype casts,
         embedding ids), then what only a mesh adds: each sharded dim splits over its mesh axis."""
-        xs = check_inputs(sig.name, sig.inputs, flat, sig.dim_ranges)
+        xs = check_inputs(sig.name, self._input_checks(sig)[1], flat, sig.dim_ranges)
         if self.mesh_spec is not None:
             for spec, a in zip(sig.inputs, xs):
-                for i, e in enumerate(spec.get("sharding") or ()):
+                for i, e in enumerate(spec.sharding or ()):
                     if e is not None and a.shape[i] % self.mesh_spec.axis_size(e):
-                        raise InputValueError(f"input {spec['name']!r}: dim {i} is {a.shape[i]}, which does not split "
+                        raise InputValueError(f"input {spec.name!r}: dim {i} is {a.shape[i]}, which does not split "
                                               f"over mesh axis {e!r} ({self.mesh_spec.axis_size(e)} devices)")
         return xs
 
@@ -172,7 +180,7 @@ class TpuProgram:
     def _put_input(self, spec, a):
         import jax
 
-        return jax.device_put(a, self._placement(spec.get("sharding")))
+        return jax.device_put(a, self._placement(spec.sharding))
 
     # ------------------------------------------------------------------ execution
 
@@ -261,7 +269,7 @@ class _StoredRunner:
             return [s[0] for s in shards]
         outs = []
         for spec, parts in zip(self.sig.outputs, shards):
-            sh = spec.get("sharding") or []
+            sh = list(spec.sharding or ())
             local = parts[0].shape
             shape = tuple(n * (self.prog.mesh_spec.axis_size(e) if i < len(sh) and sh[i] else 1)
                           for i, (n, e) in enumerate(zip(local, sh + [None] * len(local))))

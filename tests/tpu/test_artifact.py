@@ -272,15 +272,20 @@ class TinyMLP(torch.nn.Module):
         return {"y": self.fc2(h), "top": h.argmax(-1)}
 
 
-def make_golden(out_dir: Path) -> None:
-    """Regenerate the golden artifact: ``python -m tests.tpu.test_artifact`` (only when the
-    format version changes; keep the old one too, under its version, so old files stay tested)."""
+def _golden_program():
+    """The golden model, its sample inputs and its Program, exactly as the golden was made."""
     torch.manual_seed(0)
     model = TinyMLP().eval()
     g = torch.Generator().manual_seed(1)
     x, ids = torch.randn(3, 4, generator=g), torch.randint(0, 4, (3,), generator=g)
     b = torch.export.Dim("batch", min=1, max=16)
-    prog = converter.prepare(model, (x, ids), dynamic_shapes=({0: b}, {0: b}))
+    return model, x, ids, converter.prepare(model, (x, ids), dynamic_shapes=({0: b}, {0: b}))
+
+
+def make_golden(out_dir: Path) -> None:
+    """Regenerate the golden artifact: ``python -m tests.tpu.test_artifact`` (only when the
+    format version changes; keep the old one too, under its version, so old files stay tested)."""
+    model, x, ids, prog = _golden_program()
     path = out_dir / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip"
     tpu_backend.export_program(prog).save(path)
     with torch.no_grad():
@@ -305,6 +310,37 @@ def test_golden_artifacts_still_load_and_run(artifact):
 def test_golden_exists_for_the_current_version():
     assert (GOLDEN / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip").exists(), \
         "run `python -m tests.tpu.test_artifact` to add the golden artifact of this format version"
+
+
+def test_resaved_golden_model_records_the_golden_manifest_text(tmp_path):
+    """Signature specs are objects in memory and JSON only in the manifest: re-exporting the golden
+    model writes its signatures and weight table as the golden did, key order included."""
+    golden = GOLDEN / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip"
+    path = tpu_backend.export_program(_golden_program()[3]).save(tmp_path / "again.tpuexp.zip")
+    old, new = (json.loads(zipfile.ZipFile(p).read("manifest.json")) for p in (golden, path))
+    for key in ("signatures", "weights"):
+        assert json.dumps(new[key], indent=2) == json.dumps(old[key], indent=2)
+
+
+def test_loaded_specs_are_frozen_and_round_trip_their_manifest_entries():
+    from tpu_backend.artifact.specs import ArtifactTensorSpec
+
+    golden = GOLDEN / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip"
+    art = tpu_backend.read_artifact(golden)
+    sig = art.signatures["serving_default"]
+    x, ids = sig.inputs
+    assert (x.name, x.shape, x.dtype, x.index_bound) == ("x", ("batch", 4), "float32", None)
+    assert (ids.name, ids.index_bound, ids.sharding) == ("ids", 4, None)
+    with pytest.raises(AttributeError):
+        ids.index_bound = 5  # frozen: a runtime cannot change what the artifact checks
+    entries = art.manifest["signatures"]["serving_default"]
+    assert [s.to_json() for s in sig.inputs + sig.outputs] == entries["inputs"] + entries["outputs"]
+    sharded = {"name": "x", "shape": ["batch", 16], "dtype": "bfloat16", "sharding": ["data", ["model", "seq"]],
+               "jax_shape": ["2*batch_per_data", 16]}
+    spec = ArtifactTensorSpec.from_json(sharded)
+    assert spec.sharding == ("data", ("model", "seq")) and hash(spec) == hash(ArtifactTensorSpec.from_json(sharded))
+    assert json.dumps(spec.to_json()) == json.dumps(sharded)
+    assert spec.check_spec == {"name": "x", "shape": ["batch", 16], "dtype": "bfloat16", "index_bound": None}
 
 
 if __name__ == "__main__":

@@ -377,11 +377,11 @@ def test_index_bound_is_read_in_format_3_and_refused_before(art):
     from tpu_backend.artifact.load import read_artifact
 
     golden = tpu_backend.read_artifact(GOLDEN / "tiny_mlp_v3.tpuexp.zip")
-    assert golden.signatures["serving_default"].inputs[1]["index_bound"] == 4
+    assert golden.signatures["serving_default"].inputs[1].index_bound == 4
     m = _manifest(art)
     m["signatures"]["serving_default"]["inputs"][1]["index_bound"] = 5
     _seal(art, m)
-    assert read_artifact(art).signatures["serving_default"].inputs[1]["index_bound"] == 5
+    assert read_artifact(art).signatures["serving_default"].inputs[1].index_bound == 5
     m["format_version"] = 2
     _seal(art, m)
     with pytest.raises(ManifestError, match=r"inputs\[1\].index_bound does not exist in format version 2"):

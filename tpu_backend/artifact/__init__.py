@@ -18,7 +18,7 @@ from converter.lazy_exports import lazy_getattr
 __all__ = [
     "save", "read_artifact", "TpuArtifact", "FORMAT_VERSION", "MIN_READABLE_VERSION",
     "ArtifactError", "ArtifactVersionError", "ArtifactCorruptError", "ManifestError",
-    "CompiledTarget", "CompiledSignature",
+    "CompiledTarget", "CompiledSignature", "ArtifactTensorSpec",
 ]
 
 _WHERE = {
@@ -26,6 +26,7 @@ _WHERE = {
     "FORMAT_VERSION": "format", "MIN_READABLE_VERSION": "format",
     "ArtifactError": "errors", "ArtifactVersionError": "errors", "ArtifactCorruptError": "errors",
     "ManifestError": "errors", "CompiledTarget": "compiled", "CompiledSignature": "compiled",
+    "ArtifactTensorSpec": "specs",
 }
 
 

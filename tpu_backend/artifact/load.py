@@ -27,6 +27,7 @@ from .compiled import CompiledSignature, CompiledTarget
 from .container import open_container
 from .errors import ArtifactCorruptError, ManifestError
 from .safetensors_io import read_safetensors
+from .specs import ArtifactTensorSpec
 
 __all__ = ["TpuArtifact", "read_artifact"]
 
@@ -39,8 +40,8 @@ class LoadedSignature:
     name: str
     exported: object  # jax.export.Exported
     weight_names: list[str]
-    inputs: list[dict]
-    outputs: list[dict]
+    inputs: list[ArtifactTensorSpec]
+    outputs: list[ArtifactTensorSpec]
     input_structure: dict
     output_structure: dict
     dim_ranges: dict
@@ -124,7 +125,9 @@ def _read(box, path, verify, load_executables, isolate_timeout=None) -> TpuArtif
     for name, s in manifest["signatures"].items():
         exp = _read_export(path, s["file"], raw[s["file"]])
         _cross_check(name, s, manifest, exp, path)
-        sigs[name] = LoadedSignature(name, exp, s["weight_names"], s["inputs"], s["outputs"],
+        sigs[name] = LoadedSignature(name, exp, s["weight_names"],
+                                     [ArtifactTensorSpec.from_json(t) for t in s["inputs"]],
+                                     [ArtifactTensorSpec.from_json(t) for t in s["outputs"]],
                                      s["input_structure"], s["output_structure"], s["dim_ranges"])
 
     wfile = manifest["weights"]["file"]

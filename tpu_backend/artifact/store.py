@@ -69,7 +69,8 @@ def save(bundle, path, *, single_file: bool | None = None) -> str:
             rel = f"signatures/{_file_stem(name, taken)}.jaxexport"
             stage.write(rel, s.serialize())
             sigs[name] = {
-                "file": rel, "weight_names": s.weight_names, "inputs": s.inputs, "outputs": s.outputs,
+                "file": rel, "weight_names": s.weight_names,
+                "inputs": [t.to_json() for t in s.inputs], "outputs": [t.to_json() for t in s.outputs],
                 "input_structure": s.input_structure, "output_structure": s.output_structure,
                 "dim_ranges": s.dim_ranges,
             }
