@@ -104,10 +104,26 @@ def _propagate(sig, mode, placeholder_vals, retyped) -> None:
                     changed.add(n)
             elif n.op == "call_function":
                 if n in retyped or any(a in changed for a in n.all_input_nodes):
-                    old, n.meta["val"] = n.meta.get("val"), interp.run_node(n)
+                    old = n.meta.get("val")
+                    n.meta["val"] = _narrowed(old) if _narrowing_keeps_shape(n, old) else interp.run_node(n)
                     if not _looks_the_same(old, n.meta["val"]):
                         changed.add(n)
                 interp.env[n] = n.meta["val"]
+
+
+def _narrowing_keeps_shape(n, old) -> bool:
+    """Whether ``n``'s value under the policy is its old value with 64-bit dtypes narrowed. It is for every op
+    but a bit-cast (view.dtype changes the last dim with the item size): the policy narrows every 64-bit value
+    alike, so type promotion over narrowed inputs gives the narrowed result. Re-running the op instead would
+    also re-evaluate its shape checks, and a check on a dynamic dim (max_pool2d_with_indices' does) can
+    specialize the dim to the sample's size."""
+    leaves = torch.utils._pytree.tree_leaves(old)
+    return (n.target is not torch.ops.aten.view.dtype and bool(leaves)
+            and all(isinstance(v, torch.Tensor) for v in leaves))
+
+
+def _narrowed(val):
+    return torch.utils._pytree.tree_map(lambda v: v.to(NARROW[v.dtype]) if v.dtype in NARROW else v, val)
 
 
 def _looks_the_same(old, new) -> bool:
