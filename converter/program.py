@@ -101,7 +101,9 @@ class Program:
         for name, w in sorted(self.weights.items()):
             h.update(name.encode())
             h.update(str((tuple(w.shape), w.dtype)).encode())
-            h.update(w.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes() if w.numel() else b"")
+            # reshape(-1): a 0-d weight (a folded scalar) cannot be viewed as bytes directly
+            flat = w.detach().contiguous().cpu().reshape(-1)
+            h.update(flat.view(torch.uint8).numpy().tobytes() if w.numel() else b"")
         return h.hexdigest()
 
 

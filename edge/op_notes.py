@@ -44,7 +44,7 @@ EDGE_NOTES: dict[str, str] = {
     "aten.scatter.value": "edge: SELECT_V2(SCATTER_ND(ones) > 0, SCATTER_ND(value), self); " + _STATIC,
     "aten.scatter_add.default": "edge: self + SCATTER_ND(src); " + _STATIC,
     "aten.index_put.default": "edge: SCATTER_ND at broadcast coordinates (FLOOR_MOD for negative indices); "
-                              "index tensors on the leading dims, no boolean masks; " + _STATIC,
+                              "index tensors on consecutive dims after any full slices, no bool masks; " + _STATIC,
     "aten.slice_scatter.default": "edge: CONCATENATION(self, src) + GATHER with a constant index; static slice",
     "aten.masked_scatter.default": "edge: CUMSUM(mask) - 1 -> GATHER(source) -> SELECT_V2; " + _STATIC,
     "aten.scatter_reduce.two": "edge: UNSORTED_SEGMENT_{SUM,PROD,MAX,MIN} over flat target ids, combined with self "

@@ -223,34 +223,41 @@ def scatter_add(lw, x, dim, index, src):
 def _index_put_form(n):
     indices = n.args[1]
     present = [i for i, ix in enumerate(indices) if ix is not None]
-    if not present or present != list(range(len(present))) or len(present) != len(indices):
+    # index tensors on consecutive dims after the leading full slices (x[:, :, i] = v, a KV-cache write)
+    if not present or present != list(range(present[0], len(indices))):
         return False
-    vals = [ix.meta["val"] for ix in indices]
+    vals = [ix.meta["val"] for ix in indices if ix is not None]
     if any(v.dtype in (torch.bool, torch.uint8) for v in vals):
         return False  # boolean masks give data-dependent shapes
     return all(isinstance(d, int) for v in vals + [n.args[2].meta["val"], n.meta["val"]] for d in v.shape)
 
 
 # index_put(Tensor self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor
-# Index tensors on the leading dims: their broadcast coordinates feed SCATTER_ND.
+# Index tensors on consecutive dims after ``lead`` full slices (None entries): the coordinates of
+# every written element (the leading dims' positions, then the broadcast indices) feed SCATTER_ND.
 @lowering(aten.index_put.default)
 @supported_if(_index_put_form)
 def index_put(lw, x, indices, values, accumulate=False):
+    lead = sum(1 for ix in indices if ix is None)
+    indices = indices[lead:]
     k = len(indices)
     bshape = tuple(np.broadcast_shapes(*[tuple(ix.shape) for ix in indices]))
-    cols = []
+    cshape = tuple(x.shape[:lead]) + bshape  # one coordinate row per written slice
+    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in cshape], indexing="ij")
+    cols = [lw.const(grids[d][..., None]) for d in range(lead)]
     for d, ix in enumerate(indices):
         ix = plain(lw, lw.cast(ix, np.int32))
-        full = [1] * (len(bshape) - ix.rank) + list(ix.shape) + [1]
+        full = [1] * (len(cshape) - ix.rank) + list(ix.shape) + [1]
         v = lw.reshape(ix, full)
         # negative indices count from the end: FLOOR_MOD by the dim's size
-        v = lw.op("FLOOR_MOD", [lw.tensor(v), lw.const_tensor(np.array(x.shape[d], np.int32))], tuple(full),
+        v = lw.op("FLOOR_MOD", [lw.tensor(v), lw.const_tensor(np.array(x.shape[lead + d], np.int32))], tuple(full),
                   np.int32, suffix="wrap")
-        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(bshape) + [1], np.int32)],
-                          bshape + (1,), np.int32, suffix="idx"))
-    coords = cols[0] if k == 1 else lw.op("CONCATENATION", [lw.tensor(c) for c in cols], bshape + (k,), np.int32,
-                                          opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
-    ushape = bshape + tuple(x.shape[k:])
+        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(cshape) + [1], np.int32)],
+                          cshape + (1,), np.int32, suffix="idx"))
+    coords = cols[0] if len(cols) == 1 else lw.op(
+        "CONCATENATION", [lw.tensor(plain(lw, c)) for c in cols], cshape + (lead + k,), np.int32,
+        opts=lw.options("Concatenation", axis=len(cshape)), suffix="coords")
+    ushape = cshape + tuple(x.shape[lead + k:])
     vals = plain(lw, lw.cast(values, x.dtype))
     if tuple(vals.shape) != ushape:
         if vals.rank < len(ushape):

@@ -680,6 +680,11 @@ row("index_put_acc", lambda x, i, v: x.index_put((i,), v, accumulate=True), r(6,
     r(3, 4))
 row("index_put_2d", lambda x, i, j, v: x.index_put((i, j), v), r(4, 5), torch.tensor([0, 3, 2]),
     torch.tensor([4, 1, 2]), r(3))
+# a KV-cache write: new keys at their positions on the sequence axis (index_copy becomes index_put with
+# leading full slices)
+row("index_copy_seq", lambda x, i, v: x.index_copy(2, i, v), r(1, 2, 8, 4), torch.tensor([3, 4, 5]), r(1, 2, 3, 4))
+row("index_put_lead", lambda x, i, v: torch.ops.aten.index_put(x, [None, i], v), r(3, 6, 2),
+    torch.tensor([5, 0, -2]), r(3, 3, 2))
 row("masked_scatter", lambda x, m, s: x.masked_scatter(m, s), r(3, 4), bools(3, 4), r(12))
 row("atan2", torch.atan2, r(3, 4), r(3, 4))
 row("atan", torch.atan, r(3, 4, scale=3.0))
