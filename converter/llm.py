@@ -1,0 +1,132 @@
+"""A ``transformers`` causal LM as ``prefill_<L>`` / ``decode`` signatures with its KV cache as explicit state.
+
+The cache protocol (what every signature takes and returns; static shapes, batch 1):
+
+- inputs: ``tokens`` int32 [1, T] (T = L for ``prefill_<L>``, 1 for ``decode``), ``input_pos`` int32 [T]
+  (the cache slot, which is also the RoPE position, of each token), and per layer i
+  ``kv_cache_k_<i>`` and ``kv_cache_v_<i>``, each [1, kv_heads, cache_len, head_dim]
+  (axes: batch, kv head, cache slot = sequence axis 2, channel).
+- outputs: ``logits`` float [1, T, vocab] and the updated ``kv_cache_k_<i>`` / ``kv_cache_v_<i>`` (same shapes).
+- the new keys and values are written at ``input_pos`` (index_copy on axis 2) before attention; query t attends
+  to the slots ``<= input_pos[t]``, so stale slots past the current position are never read and a short prompt
+  can be padded to L (pad positions write slots that decode overwrites before it reads them).
+- the caller owns the state: it passes zeros first, then each call's returned caches to the next call, and keeps
+  every position below ``cache_len`` (the graph cannot raise; tpu_export.generate checks it).
+
+The model runs through its own ``transformers`` modeling code: the wrapper hands it a Cache whose layers hold the
+input tensors and update them functionally, a 4-D additive mask built from ``input_pos``, and ``position_ids``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .pipeline import SignatureRequest, prepare_many
+
+__all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheSpec:
+    """Shapes of the explicit cache: ``num_layers`` K and V tensors of [1, kv_heads, cache_len, head_dim]."""
+
+    num_layers: int
+    kv_heads: int
+    cache_len: int
+    head_dim: int
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (1, self.kv_heads, self.cache_len, self.head_dim)
+
+    def names(self) -> list[str]:
+        """Input/output names, K and V of layer 0, then layer 1, ... (LiteRT-LM's ``kv_cache_k_<i>`` naming)."""
+        return [f"kv_cache_{kind}_{i}" for i in range(self.num_layers) for kind in ("k", "v")]
+
+    def zeros(self) -> dict[str, torch.Tensor]:
+        return {n: torch.zeros(self.shape, dtype=self.dtype) for n in self.names()}
+
+
+class _StateLayer:
+    """One layer of the explicit cache: ``update`` writes the new keys/values at ``pos`` out of place (so the
+    exported graph returns them) and hands back the whole cache for attention."""
+
+    is_sliding = False
+    is_compileable = True
+
+    def __init__(self, keys, values, pos):
+        self.keys, self.values, self.pos, self.is_initialized = keys, values, pos, True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys = self.keys.index_copy(2, self.pos, key_states.to(self.keys.dtype))
+        self.values = self.values.index_copy(2, self.pos, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_seq_length(self):  # only read when position_ids are missing; they never are here
+        raise NotImplementedError("the explicit KV cache has no sequence length: pass position_ids")
+
+    def get_max_length(self):
+        return self.keys.shape[2]
+
+
+def _explicit_cache(layers):
+    from transformers.cache_utils import Cache
+
+    return Cache(layers=layers)
+
+
+class KVCacheLM(torch.nn.Module):
+    """Wraps a ``transformers`` causal LM (``LlamaForCausalLM`` and the like) in the cache protocol above.
+
+    Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
+    """
+
+    def __init__(self, model, cache_len: int, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        self.model = model.eval()
+        self.spec = CacheSpec(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
+                              int(cache_len), head_dim, dtype)
+
+    def forward(self, tokens, input_pos, **caches):
+        names = self.spec.names()
+        pos = input_pos.to(torch.long)
+        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos) for i in range(self.spec.num_layers)]
+        slots = torch.arange(self.spec.cache_len, device=tokens.device)
+        visible = slots[None, :] <= pos[:, None]  # [T, cache_len]: query t sees the slots up to its position
+        dtype = self.model.get_input_embeddings().weight.dtype
+        mask = torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
+        out = self.model(input_ids=tokens.to(torch.long), attention_mask=mask, position_ids=pos[None],
+                         cache=_explicit_cache(layers), use_cache=True)
+        result = {"logits": out.logits}
+        for i, layer in enumerate(layers):
+            result[names[2 * i]], result[names[2 * i + 1]] = layer.keys, layer.values
+        return result
+
+
+def lm_requests(lm: KVCacheLM, prefill_lengths) -> list[SignatureRequest]:
+    """One SignatureRequest per ``prefill_<L>`` and one for ``decode``, all on the same module (shared weights)."""
+    lengths = sorted({int(n) for n in prefill_lengths})
+    if not lengths or lengths[0] < 1 or lengths[-1] > lm.spec.cache_len:
+        raise ValueError(f"prefill lengths {list(prefill_lengths)} must be >= 1 and <= the cache length "
+                         f"{lm.spec.cache_len}")
+    reqs = []
+    for name, t in [(f"prefill_{n}", n) for n in lengths] + [("decode", 1)]:
+        args = (torch.zeros(1, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32))
+        reqs.append(SignatureRequest(name, lm, args, lm.spec.zeros()))
+    return reqs
+
+
+def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256):
+    """Capture ``model`` (a transformers causal LM) once per signature into one Program sharing its weights.
+
+    Returns ``(program, cache_spec)``.
+    """
+    lm = KVCacheLM(model, cache_len).eval()
+    with torch.no_grad():
+        return prepare_many(lm_requests(lm, prefill_lengths)), lm.spec

@@ -1,0 +1,100 @@
+"""A transformers Llama (random init, GQA, RoPE) exported with its KV cache as explicit state
+(converter.llm) to one .tflite and one TPU artifact with prefill_<L> / decode signatures, and generated
+from greedily (tpu_export.generate) on the LiteRT interpreter and on PJRT CPU: the same tokens as
+transformers' own generate(do_sample=False)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import litert_torch  # noqa: E402
+import tpu_backend  # noqa: E402
+from converter.llm import KVCacheLM, lm_requests, prepare_lm  # noqa: E402
+from tests.numerics import rel_err  # noqa: E402
+from tpu_export.generate import CacheFullError, PromptTooLongError, greedy_generate  # noqa: E402
+
+PREFILL = (8, 16)
+CACHE = 64
+NEW = 32
+
+
+@pytest.fixture(scope="module")
+def hf():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def runtimes(hf, tmp_path_factory):
+    """The edge path through litert_torch's public multi-signature Converter; the TPU path through one
+    Program, saved as an artifact and loaded back."""
+    lm = KVCacheLM(hf, CACHE).eval()
+    conv = litert_torch.Converter()
+    for r in lm_requests(lm, PREFILL):
+        conv.signature(r.name, r.module, r.args, r.kwargs)
+    with torch.no_grad():
+        lite = conv.convert()
+    prog, spec = prepare_lm(hf, prefill_lengths=PREFILL, cache_len=CACHE)
+    path = tmp_path_factory.mktemp("llm") / "llama.tpuexp"
+    tpu_backend.export_program(prog, platforms=("cpu",)).save(str(path))
+    return {"litert": lite, "tpu": tpu_backend.load(str(path))}, spec
+
+
+def _prompt(n):
+    return torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def test_signatures_share_weights(runtimes, hf):
+    rts, _ = runtimes
+    names = ["prefill_8", "prefill_16", "decode"]
+    assert sorted(rts["litert"].signature_names()) == sorted(names)
+    assert sorted(rts["tpu"].signature_names) == sorted(names)
+    # three signatures, one copy of the weights in the flatbuffer
+    weight_bytes = sum(p.numel() * 4 for p in hf.parameters())
+    assert weight_bytes < len(rts["litert"].tflite_model()) < 1.3 * weight_bytes
+
+
+@pytest.mark.parametrize("backend", ["litert", "tpu"])
+@pytest.mark.parametrize("n", [8, 11])  # a full prefill_8, and a prompt padded into prefill_16
+def test_prefill_logits_match_transformers(runtimes, hf, backend, n):
+    rts, spec = runtimes
+    ids = _prompt(n)
+    L = 8 if n <= 8 else 16
+    tokens = torch.zeros(1, L, dtype=torch.int32)
+    tokens[0, :n] = ids[0]
+    out = rts[backend](tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **spec.zeros())
+    with torch.no_grad():
+        want = hf(ids).logits
+    assert rel_err(torch.as_tensor(out["logits"])[:, :n], want) <= 1e-4
+    assert tuple(out["kv_cache_k_1"].shape) == spec.shape == (1, 2, CACHE, 16)
+
+
+@pytest.mark.parametrize("backend", ["litert", "tpu"])
+@pytest.mark.parametrize("n", [8, 11])
+def test_greedy_tokens_match_transformers_generate(runtimes, hf, backend, n):
+    rts, spec = runtimes
+    ids = _prompt(n)
+    with torch.no_grad():
+        want = hf.generate(ids, do_sample=False, max_new_tokens=NEW)[0, n:].tolist()
+    assert len(want) == NEW  # no early stop at eos: the comparison covers all 32 tokens
+    got = greedy_generate(rts[backend], spec, ids, NEW, eos_token_id=hf.generation_config.eos_token_id)
+    assert got == want
+
+
+def test_prompt_too_long_and_full_cache_are_clear_errors(runtimes):
+    rts, spec = runtimes
+    with pytest.raises(PromptTooLongError, match=r"17 tokens; the exported prefill lengths are \[8, 16\]"):
+        greedy_generate(rts["litert"], spec, _prompt(17), 4)
+    with pytest.raises(CacheFullError, match=r"the cache holds 64"):
+        greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 14)
+    assert len(greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 15)) == CACHE - 15  # exactly full
+
+
+def test_bad_prefill_lengths_are_refused(hf):
+    with pytest.raises(ValueError, match="prefill lengths"):
+        lm_requests(KVCacheLM(hf, 8), (16,))
