@@ -8,8 +8,9 @@ The cache protocol (what every signature takes and returns; static shapes, batch
   (axes: batch, kv head, cache slot = sequence axis 2, channel).
 - outputs: ``logits`` float [1, T, vocab] and the updated ``kv_cache_k_<i>`` / ``kv_cache_v_<i>`` (same shapes).
 - the new keys and values are written at ``input_pos`` (index_copy on axis 2) before attention; query t attends
-  to the slots ``<= input_pos[t]``, so stale slots past the current position are never read and a short prompt
-  can be padded to L (pad positions write slots that decode overwrites before it reads them).
+  to the slots ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache
+  keeps every slot, the mask applies the window), so stale slots past the current position are never read and a
+  short prompt can be padded to L (pad positions write slots that decode overwrites before it reads them).
 - the caller owns the state: it passes zeros first, then each call's returned caches to the next call, and keeps
   every position below ``cache_len`` (the graph cannot raise; tpu_export.generate checks it).
 
@@ -79,7 +80,9 @@ def _explicit_cache(layers):
 
 
 class KVCacheLM(torch.nn.Module):
-    """Wraps a ``transformers`` causal LM (``LlamaForCausalLM`` and the like) in the cache protocol above.
+    """Wraps a ``transformers`` causal LM in the cache protocol above. Seen matching transformers' generate:
+    Llama, Qwen2, Qwen3, Phi-3, Gemma 3 text (sliding-window and global layers) and Mixtral (top-2 of N experts,
+    switched to transformers' static-shape ``batched_mm`` experts).
 
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
@@ -90,23 +93,63 @@ class KVCacheLM(torch.nn.Module):
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.model = model.eval()
+        self.layer_types = _layer_types(cfg)
+        # a mixture of experts: transformers' default grouped_mm dispatch sorts tokens by expert (data-dependent
+        # shapes, histc); its batched_mm gathers each token's top-k expert weights instead (static shapes, the
+        # same numbers). This switches the given model object.
+        if getattr(model, "_can_set_experts_implementation", lambda: False)() and \
+                getattr(cfg, "_experts_implementation", None) != "batched_mm":
+            model.set_experts_implementation("batched_mm")
         self.spec = CacheSpec(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
                               int(cache_len), head_dim, dtype)
+
+    def _masks(self, pos):
+        """The additive attention mask from positions: query t sees the slots <= its position (and, in a
+        sliding-window layer, > its position - window). Models with ``config.layer_types`` take one mask per
+        type (transformers' own convention for mixed layers, e.g. Gemma 3)."""
+        slots = torch.arange(self.spec.cache_len, device=pos.device)
+        causal = slots[None, :] <= pos[:, None]  # [T, cache_len]
+        dtype = self.model.get_input_embeddings().weight.dtype
+        window = getattr(self.model.config, "sliding_window", None)
+        sliding = causal & (slots[None, :] > pos[:, None] - int(window)) if window else None
+        if self.layer_types is None:
+            # no per-layer types: every layer slides when the config sets a window (Mistral, Phi-3, Mixtral)
+            return _additive(causal if sliding is None else sliding, dtype)
+        masks = {"full_attention": _additive(causal, dtype)}
+        if "sliding_attention" in self.layer_types:
+            masks["sliding_attention"] = _additive(sliding, dtype)
+        return masks
 
     def forward(self, tokens, input_pos, **caches):
         names = self.spec.names()
         pos = input_pos.to(torch.long)
         layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos) for i in range(self.spec.num_layers)]
-        slots = torch.arange(self.spec.cache_len, device=tokens.device)
-        visible = slots[None, :] <= pos[:, None]  # [T, cache_len]: query t sees the slots up to its position
-        dtype = self.model.get_input_embeddings().weight.dtype
-        mask = torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
-        out = self.model(input_ids=tokens.to(torch.long), attention_mask=mask, position_ids=pos[None],
+        out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos), position_ids=pos[None],
                          cache=_explicit_cache(layers), use_cache=True)
         result = {"logits": out.logits}
         for i, layer in enumerate(layers):
             result[names[2 * i]], result[names[2 * i + 1]] = layer.keys, layer.values
         return result
+
+
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def _layer_types(cfg) -> list[str] | None:
+    types = getattr(cfg, "layer_types", None)
+    if types is None:
+        return None
+    odd = sorted(set(types) - set(_LAYER_TYPES))
+    if odd:
+        raise NotImplementedError(f"{type(cfg).__name__}: layer types {odd} have no KV-cache export yet "
+                                  f"(supported: {list(_LAYER_TYPES)})")
+    if "sliding_attention" in types and not getattr(cfg, "sliding_window", None):
+        raise ValueError(f"{type(cfg).__name__}: sliding_attention layers but no sliding_window in the config")
+    return list(types)
+
+
+def _additive(visible, dtype):
+    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]  # [1, 1, T, cache_len]
 
 
 def lm_requests(lm: KVCacheLM, prefill_lengths) -> list[SignatureRequest]:

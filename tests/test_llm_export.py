@@ -1,7 +1,8 @@
 """A transformers Llama (random init, GQA, RoPE) exported with its KV cache as explicit state
 (converter.llm) to one .tflite and one TPU artifact with prefill_<L> / decode signatures, and generated
 from greedily (tpu_export.generate) on the LiteRT interpreter and on PJRT CPU: the same tokens as
-transformers' own generate(do_sample=False)."""
+transformers' own generate(do_sample=False); then Qwen2, Qwen3, Phi-3, Gemma 3 (sliding windows run past)
+and Mixtral (top-2 experts) the same way."""
 
 from __future__ import annotations
 
@@ -98,3 +99,34 @@ def test_prompt_too_long_and_full_cache_are_clear_errors(runtimes):
 def test_bad_prefill_lengths_are_refused(hf):
     with pytest.raises(ValueError, match="prefill lengths"):
         lm_requests(KVCacheLM(hf, 8), (16,))
+
+
+_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+# what each config adds over Llama; windows of 8 tokens so that 11 prompt + 32 new tokens run far past them
+ARCHS = {
+    "qwen2": ("Qwen2", {}),  # QKV bias
+    "qwen3": ("Qwen3", {"head_dim": 16}),  # QK norm
+    "phi3": ("Phi3", {"pad_token_id": 0, "sliding_window": 8}),  # fused qkv / gate_up, every layer slides
+    "gemma3": ("Gemma3Text", {"head_dim": 16, "sliding_window": 8,  # scaled tied embeddings, mixed layers
+                              "layer_types": ["sliding_attention", "full_attention"]}),
+    "mixtral": ("Mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),  # top-2 of 4 experts
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_other_architectures_generate_like_transformers(arch):
+    prefix, extra = ARCHS[arch]
+    torch.manual_seed(0)
+    config = getattr(transformers, f"{prefix}Config")(**_TINY, **extra)
+    model = getattr(transformers, "Gemma3ForCausalLM" if prefix == "Gemma3Text" else f"{prefix}ForCausalLM")(config)
+    model.eval()
+    ids = _prompt(11)
+    with torch.no_grad():  # before the export wrapper (which may switch a MoE's experts dispatch)
+        want = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, 11:].tolist()
+    assert len(want) == NEW
+    prog, spec = prepare_lm(model, prefill_lengths=(16,), cache_len=CACHE)
+    from edge import convert_program
+
+    for rt in (litert_torch.Model(convert_program(prog)), tpu_backend.export_program(prog, platforms=("cpu",))):
+        assert greedy_generate(rt, spec, ids, NEW, eos_token_id=2) == want
