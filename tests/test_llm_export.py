@@ -105,6 +105,9 @@ _TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_l
              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
 # what each config adds over Llama; windows of 8 tokens so that 11 prompt + 32 new tokens run far past them
 ARCHS = {
+    "llama3_rope": ("Llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 16}}),  # RoPE scaling
     "qwen2": ("Qwen2", {}),  # QKV bias
     "qwen3": ("Qwen3", {"head_dim": 16}),  # QK norm
     "phi3": ("Phi3", {"pad_token_id": 0, "sliding_window": 8}),  # fused qkv / gate_up, every layer slides
