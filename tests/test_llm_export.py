@@ -133,3 +133,11 @@ def test_other_architectures_generate_like_transformers(arch):
 
     for rt in (litert_torch.Model(convert_program(prog)), tpu_backend.export_program(prog, platforms=("cpu",))):
         assert greedy_generate(rt, spec, ids, NEW, eos_token_id=2) == want
+
+
+def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
+    pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
+    prog, _ = prepare_lm(hf, prefill_lengths=PREFILL, cache_len=CACHE)
+    compiled = tpu_backend.export_program(prog, platforms=("tpu", "cpu")).compile_for("tpu-v6e")
+    assert compiled.platform == "tpu"
+    assert sorted(compiled.signatures) == ["decode", "prefill_16", "prefill_8"]
