@@ -118,9 +118,10 @@ def _schema_tables() -> dict:
 _MAX_FILE = 64 << 30
 
 
-def read_tflite(path) -> bytes:
+def read_tflite(path, *, check: bool = True) -> bytes:
     """The bytes of the .tflite at ``path``, checked: only a regular file is read (a FIFO or a device would
-    block or never end), opened without waiting for a writer, then ``check_tflite``."""
+    block or never end), opened without waiting for a writer, then ``check_tflite`` (``check=False``: for a
+    caller that checks the bytes itself, as litert_torch.Model does)."""
     path = os.fspath(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -136,7 +137,8 @@ def read_tflite(path) -> bytes:
         data = f.read(st.st_size + 1)
     if len(data) != st.st_size:
         raise TfliteFormatError(f"{path}: the file changed size while it was read")
-    check_tflite(data, path)
+    if check:
+        check_tflite(data, path)
     return data
 
 

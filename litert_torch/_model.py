@@ -129,4 +129,4 @@ def load(path) -> Model:
     from edge.tflite_check import read_tflite
 
     path = os.fspath(path)
-    return Model(read_tflite(path), _source=path)
+    return Model(read_tflite(path, check=False), _source=path)  # Model checks the bytes, naming the path
