@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .errors import ConversionError, UnsupportedOutputError
+from .errors import ConversionError, UnsupportedOutputError, source_line
 from .index_bounds import index_bounds
 
 __all__ = ["TensorSpec", "Signature", "Program", "program_from_exported", "verify_program"]
@@ -232,8 +232,6 @@ def program_from_exported(
                 )
             elif spec.kind == OutputKind.USER_INPUT_MUTATION:
                 # torch.export turns x.add_(...) on an input into an extra output that writes x back
-                from .errors import source_line
-
                 where = source_line(val) if isinstance(val, torch.fx.Node) else "<unknown source line>"
                 raise ConversionError(
                     f"signature {sig_name!r}: forward modifies its input {spec.target!r} in place at {where}; "
