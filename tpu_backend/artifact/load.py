@@ -101,22 +101,21 @@ def _read(box, path, verify, load_executables, isolate_timeout=None) -> TpuArtif
         if listing[rel] != e["size"]:
             raise ArtifactCorruptError(f"{path}: {rel} is {listing[rel]} bytes, the manifest records "
                                        f"{e['size']}: truncated or corrupted")
+    # Each export is read once: the bytes hashed here are the bytes parsed in the child (isolate) and here.
+    exports = dict.fromkeys(s["file"] for s in manifest["signatures"].values())
+    hashed = {}
     if verify:
         for rel, e in files.items():
-            got = box.sha256(rel, e["size"])
+            if rel in exports:
+                hashed[rel] = box.read(rel, e["size"])
+                got = hashlib.sha256(hashed[rel]).hexdigest()
+            else:
+                got = box.sha256(rel, e["size"])
             if got != e["sha256"]:
                 raise ArtifactCorruptError(f"{path}: {rel} does not match its recorded sha256 "
                                            f"(expected {e['sha256'][:16]}..., got {got[:16]}...): "
                                            "the file is corrupted")
-
-    # Each export is read once: these bytes are hash-checked, parsed in the child (isolate) and here.
-    raw = {}
-    for s in manifest["signatures"].values():
-        rel = s["file"]
-        if rel not in raw:
-            raw[rel] = box.read(rel, files[rel]["size"])
-            if verify and hashlib.sha256(raw[rel]).hexdigest() != files[rel]["sha256"]:
-                raise ArtifactCorruptError(f"{path}: {rel} changed while it was read (its sha256 no longer matches)")
+    raw = {rel: hashed[rel] if rel in hashed else box.read(rel, files[rel]["size"]) for rel in exports}
     if isolate_timeout is not None:
         from .isolated_parse import parse_exports_isolated
 
