@@ -65,6 +65,12 @@ def _input_specs(sig, channel_last) -> list[dict]:
     return out
 
 
+def _channel_last_io(to_channel_last_io, name) -> tuple:
+    """(input indices, output indices) laid out channel-last in signature ``name``."""
+    io = to_channel_last_io.get(name) if isinstance(to_channel_last_io, dict) else to_channel_last_io
+    return io if io is not None else ((), ())
+
+
 def _structure(prog, to_channel_last_io=None) -> bytes:
     """Per signature: input/output names, pytree specs and the input specs the Model checks calls against."""
     from torch.utils._pytree import treespec_dumps
@@ -72,8 +78,7 @@ def _structure(prog, to_channel_last_io=None) -> bytes:
     out = {}
     for name, sig in prog.signatures.items():
         entry = {"inputs": [s.name for s in sig.inputs], "outputs": [s.name for s in sig.outputs]}
-        io = to_channel_last_io.get(name) if isinstance(to_channel_last_io, dict) else to_channel_last_io
-        entry["input_specs"] = _input_specs(sig, set(io[0]) if io else set())
+        entry["input_specs"] = _input_specs(sig, set(_channel_last_io(to_channel_last_io, name)[0]))
         entry["dim_ranges"] = {d: [int(lo), int(hi)] for d, (lo, hi) in sig.dim_ranges.items()}
         try:
             entry["in_spec"] = treespec_dumps(sig.in_spec)
@@ -98,10 +103,7 @@ def convert_program(prog, *, to_channel_last_io=None) -> bytes:
     model = ModelBuilder()
     with torch.no_grad():
         for sig in prog.signatures.values():
-            io = to_channel_last_io
-            if isinstance(io, dict):
-                io = io.get(sig.name)
-            ins, outs = io if io is not None else ((), ())
+            ins, outs = _channel_last_io(to_channel_last_io, sig.name)
             lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
     model.metadata[STRUCTURE_METADATA] = _structure(prog, to_channel_last_io)
     return model.finish()
