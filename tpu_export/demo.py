@@ -24,21 +24,13 @@ def max_rel_err(got, want) -> float:
     return worst
 
 
-def _load(path):
-    if path.endswith(".tflite"):
-        import litert_torch
-
-        return litert_torch.load(path)
-    import tpu_backend
-
-    return tpu_backend.load(path)
-
-
 def _run(path, args):
     """Run an artifact on the torch sample. Mobile targets take images NHWC by default, so an
     NCHW sample whose channel-last shape is what the .tflite asks for is permuted first (and a
     4-D NHWC output permuted back)."""
-    model = _load(path)
+    from .cli import _load_artifact
+
+    model = _load_artifact(path)
     if not path.endswith(".tflite"):
         return model(*args)
     from ai_edge_litert.interpreter import Interpreter
