@@ -72,8 +72,8 @@ def cmd_convert(a) -> int:
         batch = torch.export.Dim("batch", min=1, max=a.max_batch)
         dyn = tuple({0: batch} if isinstance(x, torch.Tensor) else None for x in args)
     shared = {}
-    for key, flag in _SHARED_FLAGS.items():
-        value = getattr(a, flag)
+    for key in _SHARED_KEYS:
+        value = getattr(a, key.replace("-", "_"))  # argparse's dest for --KEY
         if value not in (None, False):
             shared[_OPTION[key][0]] = _OPTION[key][1](str(value), key)
     written = convert(module, args, kwargs, targets=targets, out_dir=a.output, dynamic_shapes=dyn,
@@ -111,9 +111,8 @@ _OPTION = {
     "flash-kib": ("flash_kib", _kib),
     "ram-kib": ("ram_kib", _kib),
 }
-# the flags given once for every target of the call (argparse dest per CLI key)
-_SHARED_FLAGS = {"topology": "topology", "use-pallas": "use_pallas", "dtype": "dtype", "quantize": "quantize",
-                 "calibration": "calibration", "strict": "strict", "channel-last": "channel_last"}
+# the keys that are also --KEY flags, given once for every target of the call
+_SHARED_KEYS = ("topology", "use-pallas", "dtype", "quantize", "calibration", "strict", "channel-last")
 
 
 def _target_spec(item: str) -> tuple[str, dict]:
