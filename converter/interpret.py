@@ -13,11 +13,18 @@ import torch.utils._pytree as pytree
 
 from .dtypes import NARROW
 
+__all__ = ["narrowed", "call_narrowed", "NarrowingInterpreter"]
+
 
 def _narrow(v):
     if isinstance(v, torch.Tensor) and v.dtype in NARROW:
         return v.to(NARROW[v.dtype])
     return v
+
+
+def narrowed(tree):
+    """``tree`` (a value or a pytree of values) with its 64-bit tensors narrowed under the policy."""
+    return pytree.tree_map(_narrow, tree)
 
 
 def _widen(v):
@@ -35,7 +42,7 @@ def call_narrowed(target, args, kwargs):
             out = target(*wa, **wk)
         except Exception:  # noqa: BLE001
             raise first from None
-    return pytree.tree_map(_narrow, out)
+    return narrowed(out)
 
 
 class NarrowingInterpreter(torch.fx.Interpreter):

@@ -13,7 +13,7 @@ import torch
 
 from ..dtypes import NARROW
 from ..errors import DtypePolicyError, source_line
-from ..interpret import NarrowingInterpreter
+from ..interpret import NarrowingInterpreter, narrowed
 from ..program import Program, refresh_signature_specs
 from ..registry import op_name
 from ._util import fake_mode_of
@@ -105,7 +105,7 @@ def _propagate(sig, mode, placeholder_vals, retyped) -> None:
             elif n.op == "call_function":
                 if n in retyped or any(a in changed for a in n.all_input_nodes):
                     old = n.meta.get("val")
-                    n.meta["val"] = _narrowed(old) if _narrowing_keeps_shape(n, old) else interp.run_node(n)
+                    n.meta["val"] = narrowed(old) if _narrowing_keeps_shape(n, old) else interp.run_node(n)
                     if not _looks_the_same(old, n.meta["val"]):
                         changed.add(n)
                 interp.env[n] = n.meta["val"]
@@ -120,10 +120,6 @@ def _narrowing_keeps_shape(n, old) -> bool:
     leaves = torch.utils._pytree.tree_leaves(old)
     return (n.target is not torch.ops.aten.view.dtype and bool(leaves)
             and all(isinstance(v, torch.Tensor) for v in leaves))
-
-
-def _narrowed(val):
-    return torch.utils._pytree.tree_map(lambda v: v.to(NARROW[v.dtype]) if v.dtype in NARROW else v, val)
 
 
 def _looks_the_same(old, new) -> bool:
