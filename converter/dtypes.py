@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["NAMES", "NARROW", "name_of", "torch_of", "numpy_of", "numpy_narrow", "to_numpy", "from_numpy"]
+__all__ = ["NAMES", "NARROW", "numpy_of", "numpy_narrow", "to_numpy", "from_numpy"]
 
 NAMES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64",
@@ -26,20 +26,6 @@ NARROW: dict[torch.dtype, torch.dtype] = {torch.int64: torch.int32, torch.float6
                                           torch.complex128: torch.complex64}
 
 _NUMPY: dict[str, np.dtype] = {}
-
-
-def name_of(dtype: torch.dtype) -> str:
-    try:
-        return NAMES[dtype]
-    except KeyError:
-        raise TypeError(f"dtype {dtype} has no name in tpu-export's dtype table") from None
-
-
-def torch_of(name: str) -> torch.dtype:
-    try:
-        return _BY_NAME[name]
-    except KeyError:
-        raise TypeError(f"unknown dtype name {name!r}; known: {sorted(_BY_NAME)}") from None
 
 
 def numpy_of(dtype) -> np.dtype:
