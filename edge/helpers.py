@@ -11,8 +11,8 @@ import torch
 from . import layout as L
 from .values import Val
 
-__all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "static_out", "reduce_dims",
-           "reduce"]
+__all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "broadcast_plain",
+           "static_out", "reduce_dims", "reduce"]
 
 aten = torch.ops.aten
 NHWC = (0, 2, 3, 1)  # a 4-D value laid out channel-last
@@ -84,6 +84,19 @@ def promote(*xs) -> np.dtype:
 
 def plain(lw, v: Val) -> Val:
     return lw.with_perm(v, L.identity(v.rank))
+
+
+def broadcast_plain(lw, v: Val, shape, suffix=None) -> Val:
+    """v in the plain layout, broadcast to the static ``shape`` (numpy-style: leading unit dims
+    first) by BROADCAST_TO; v itself where it has that shape already."""
+    v = plain(lw, v)
+    shape = tuple(shape)
+    if tuple(v.shape) == shape:
+        return v
+    if v.rank < len(shape):
+        v = lw.reshape(v, [1] * (len(shape) - v.rank) + list(v.shape))
+    return lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(shape), np.int32)], shape, v.dtype,
+                 suffix=suffix)
 
 
 def static_out(n):

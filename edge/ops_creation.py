@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .helpers import binary, plain, static_out
+from .helpers import binary, broadcast_plain, static_out
 from .registry import lowering, supported_if
 from .values import SymVal, Val
 
@@ -55,10 +55,7 @@ def copy(lw, x, src, non_blocking=False):
     v = lw.cast(src, lw.out_dtype)
     if tuple(v.shape) == tuple(shape):
         return lw.alias(v)
-    v = plain(lw, v)
-    if v.rank < len(shape):
-        v = lw.reshape(v, [1] * (len(shape) - v.rank) + list(v.shape))
-    return lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(shape), np.int32)], shape, v.dtype)
+    return broadcast_plain(lw, v, shape)
 
 
 # full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None, ...) -> Tensor

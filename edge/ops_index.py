@@ -13,7 +13,7 @@ import torch
 from converter.registry import arguments
 
 from . import layout as L
-from .helpers import plain, ref_perm
+from .helpers import broadcast_plain, plain, ref_perm
 from .ops_logical import where
 from .ops_slice import strided_slice
 from .registry import lowering, supported_if
@@ -258,12 +258,7 @@ def index_put(lw, x, indices, values, accumulate=False):
         "CONCATENATION", [lw.tensor(plain(lw, c)) for c in cols], cshape + (lead + k,), np.int32,
         opts=lw.options("Concatenation", axis=len(cshape)), suffix="coords")
     ushape = cshape + tuple(x.shape[lead + k:])
-    vals = plain(lw, lw.cast(values, x.dtype))
-    if tuple(vals.shape) != ushape:
-        if vals.rank < len(ushape):
-            vals = lw.reshape(vals, [1] * (len(ushape) - vals.rank) + list(vals.shape))
-        vals = lw.op("BROADCAST_TO", [lw.tensor(vals), lw.const_tensor(list(ushape), np.int32)], ushape, x.dtype,
-                     suffix="values")
+    vals = broadcast_plain(lw, lw.cast(values, x.dtype), ushape, suffix="values")
     return _write(lw, x, coords, vals, bool(accumulate))
 
 
@@ -295,12 +290,7 @@ def slice_scatter(lw, x, src, dim=0, start=None, end=None, step=1):
 def masked_scatter(lw, x, mask, source):
     x = plain(lw, x)
     size = int(np.prod(x.shape))
-    m = plain(lw, mask)
-    if tuple(m.shape) != tuple(x.shape):
-        if m.rank < x.rank:
-            m = lw.reshape(m, [1] * (x.rank - m.rank) + list(m.shape))
-        m = lw.op("BROADCAST_TO", [lw.tensor(m), lw.const_tensor(list(x.shape), np.int32)], x.shape, np.bool_,
-                  suffix="mask")
+    m = broadcast_plain(lw, mask, x.shape, suffix="mask")
     flat = lw.reshape(lw.cast(m, np.int32), [size])
     csum = lw.op("CUMSUM", [lw.tensor(flat), lw.const_tensor(np.array(0, np.int32))], (size,), np.int32,
                  opts=lw.options("Cumsum"), suffix="count")
