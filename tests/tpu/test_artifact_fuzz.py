@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tpu_backend.artifact import format as fmt
+
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261130
 N_DIR, N_ZIP = 150, 90
@@ -67,11 +69,6 @@ def _canon(raw: bytes):
         return json.dumps(json.loads(raw), sort_keys=True)
     except (ValueError, RecursionError):
         return None
-
-
-def _digest(m: dict) -> str:
-    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 # ------------------------------------------------------------------ manifest mutations
@@ -161,7 +158,7 @@ def _dir_case(base: Path, dst: Path, rng: random.Random) -> dict:
     elif kind in ("manifest", "signed_manifest"):
         new, raw, case["detail"] = _mutate_manifest(m, rng)
         if kind == "signed_manifest" and raw is None:
-            new["manifest_sha256"] = _digest(new)
+            new["manifest_sha256"] = fmt.manifest_digest(new)
         text = raw if raw is not None else json.dumps(new, indent=2)
         (dst / "manifest.json").write_text(text)
         # signed by a hostile author: nothing hash-covered changed without its hash; it may load
@@ -191,7 +188,7 @@ def _dir_case(base: Path, dst: Path, rng: random.Random) -> dict:
             data[rng.randrange(len(data))] = rng.randrange(256)
         p.write_bytes(bytes(data))
         m["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-        m["manifest_sha256"] = _digest(m)
+        m["manifest_sha256"] = fmt.manifest_digest(m)
         (dst / "manifest.json").write_text(json.dumps(m, indent=2))
         case.update(covered=False, detail=rel)
     else:  # layout only: the same artifact, differently laid out -> must load
