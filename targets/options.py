@@ -181,7 +181,7 @@ class TpuOptions(XlaOptions):
     aot: bool = True
 
     def _check_values(self, target) -> None:
-        self.export_kwargs(target)
+        super()._check_values(target)
         if self.topology is not None:
             from .tpu import check_topology
 
