@@ -9,6 +9,7 @@ __all__ = [
     "DtypePolicyError",
     "UnsupportedOutputError",
     "source_line",
+    "one_line",
 ]
 
 
@@ -26,6 +27,12 @@ class DtypePolicyError(ConversionError):
 
 class UnsupportedOutputError(ConversionError):
     """The model returns something that is not a tensor (or a pytree of tensors)."""
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's text on one line (whitespace runs collapsed), cut at ``limit`` characters: what our
+    one-line errors quote of a library's multi-line message."""
+    return " ".join(str(e).split())[:limit]
 
 
 def source_line(node) -> str:

@@ -24,7 +24,7 @@ import json
 import re
 import zipfile
 
-from .errors import ExportFailedError
+from .errors import ExportFailedError, one_line
 
 __all__ = ["load_pt2"]
 
@@ -81,8 +81,8 @@ def load_pt2(path: str):
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split())
-    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+    text = one_line(e, 200)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _refuse(path: str, why: str, fix: str = _FIX_PICKLE) -> ExportFailedError:

@@ -12,7 +12,8 @@ import hashlib
 
 import numpy as np
 
-__all__ = ["schema", "ModelBuilder", "SubgraphBuilder", "options", "TENSOR_TYPE", "NP_DTYPE", "type_names"]
+__all__ = ["schema", "ModelBuilder", "SubgraphBuilder", "options", "TENSOR_TYPE", "NP_DTYPE", "type_names",
+           "builtin_names"]
 
 _SCHEMA = None
 
@@ -33,6 +34,11 @@ TENSOR_TYPE = {
     "complex64": 8, "int8": 9, "float64": 10, "uint32": 15, "uint16": 16,
 }
 NP_DTYPE = {v: np.dtype(k) for k, v in TENSOR_TYPE.items()}
+
+
+def builtin_names() -> dict[int, str]:
+    """Every BuiltinOperator value of the schema -> its name ("CONV_2D", "FULLY_CONNECTED", ...)."""
+    return {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
 
 
 def type_names() -> dict[int, str]:

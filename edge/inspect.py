@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .builder import schema
+from .builder import builtin_names, schema
 
 __all__ = ["op_histogram", "run_tflite", "read_model"]
 
@@ -18,7 +18,7 @@ def op_histogram(data: bytes, subgraph: int | None = None) -> dict[str, int]:
     """Builtin op name -> count, over one subgraph or all of them."""
     s = schema()
     m = s.Model.GetRootAs(data, 0)
-    names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
+    names = builtin_names()
     codes = [max(m.OperatorCodes(i).BuiltinCode(), m.OperatorCodes(i).DeprecatedBuiltinCode())
              for i in range(m.OperatorCodesLength())]
     hist: dict[str, int] = {}

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from converter.errors import one_line
 from converter.input_check import check_inputs
 
 from ._signatures import bind, quantize_floats, read_signatures
@@ -56,7 +57,7 @@ class Model:
                                      f"the signature {len(sig['outputs'])}")
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # its metadata is corrupt
             raise TfliteFormatError(f"{_source}: not a valid .tflite: its signature metadata is unreadable "
-                                    f"({type(e).__name__}: {' '.join(str(e).split())[:160]}). Fix: convert the model "
+                                    f"({type(e).__name__}: {one_line(e, 160)}). Fix: convert the model "
                                     "again; this file is corrupt") from e
 
     # ------------------------------------------------------------------ API
@@ -98,7 +99,7 @@ class Model:
                 out = runner(**feeds)  # outputs come back as copies
             except (RuntimeError, ValueError) as e:  # the interpreter's prepare/invoke failures
                 raise ModelRunError(f"{self._source}: signature {signature_name!r}: the LiteRT interpreter failed: "
-                                    f"{' '.join(str(e).split())[:300]}") from e
+                                    f"{one_line(e)}") from e
         leaves = [torch.from_numpy(o if o.flags.writeable else np.array(o)) for o in (out[n] for n in sig["outputs"])]
         spec = sig.get("out_spec")
         if spec is None:
@@ -116,7 +117,7 @@ class Model:
                 self._interpreter = Interpreter(model_content=self._data)
             except (RuntimeError, ValueError) as e:  # e.g. an op its kernels do not have
                 raise TfliteFormatError(f"{self._source}: the LiteRT interpreter refused the model: "
-                                        f"{' '.join(str(e).split())[:300]}") from e
+                                        f"{one_line(e)}") from e
         if name not in self._runners:
             self._runners[name] = self._interpreter.get_signature_runner(name)
         return self._runners[name]

@@ -7,6 +7,8 @@ import os
 import re
 from collections import Counter
 
+from converter.errors import one_line
+
 __all__ = ["describe", "describe_tflite", "describe_artifact"]
 
 
@@ -35,7 +37,7 @@ def describe_tflite(path: str) -> str:
         it = Interpreter(model_content=data)
     except (RuntimeError, ValueError) as e:
         raise TfliteFormatError(
-            f"{path}: the LiteRT interpreter refused the model: {' '.join(str(e).split())[:300]}"
+            f"{path}: the LiteRT interpreter refused the model: {one_line(e)}"
         ) from e
     lines = [f"{path}: LiteRT flatbuffer, {len(data):,} bytes"]
     for name in it.get_signature_list():

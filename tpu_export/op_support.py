@@ -138,13 +138,13 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
 def _edge_builtins(prog) -> tuple:
     """Names of the LiteRT builtins the edge backend emits for ``prog`` (lowering only: no file)."""
     from converter.support import unsupported_ops
-    from edge.builder import ModelBuilder, schema
+    from edge.builder import ModelBuilder, builtin_names
     from edge.convert import is_supported
     from edge.lower import lower_signature
 
     if unsupported_ops(prog, is_supported):
         return ()
-    names = {v: k for k, v in vars(schema().BuiltinOperator).items() if not k.startswith("_")}
+    names = builtin_names()
     model = ModelBuilder()
     try:
         import torch

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from edge.builder import builtin_names
 from edge.builder import type_names as tflite_type_names
 
 __all__ = ["TensorView", "OpView", "read_ops"]
@@ -65,7 +66,7 @@ def read_ops(tflite: bytes) -> list[OpView]:
     """
     s = _schema()
     model = s.Model.GetRootAs(tflite, 0)
-    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
+    op_names = builtin_names()
     type_names = tflite_type_names()
     codes = []
     for i in range(model.OperatorCodesLength()):

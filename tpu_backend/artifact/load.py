@@ -22,6 +22,8 @@ import hashlib
 import os
 import re
 
+from converter.errors import one_line
+
 from . import format as fmt
 from .compiled import CompiledSignature, CompiledTarget
 from .container import open_container
@@ -171,7 +173,7 @@ def _read_export(path, rel, data):
     except ArtifactCorruptError:
         raise
     except Exception as e:  # noqa: BLE001 - any parse failure is a corrupt file
-        msg = " ".join(str(e).split())[:300]
+        msg = one_line(e)
         raise ArtifactCorruptError(f"{path}: {rel}: not a readable jax export ({type(e).__name__}: {msg})") from None
     if not re.search(r"func\.func public @main\(", text):  # empty bytes parse as an empty module
         raise ArtifactCorruptError(f"{path}: {rel}: its StableHLO module has no public main function; corrupted")
