@@ -1,8 +1,8 @@
 """The one atomic writer: every file and directory we publish lands whole, or not at all.
 
-- ``write_file(path, data)``: a uniquely named temp file in the same folder, fsync, mode from the
-  umask (``mkstemp`` makes files 0600), rename into place, fsync the folder.
-- ``staging_dir(target)``: a private, uniquely named folder beside ``target`` (``.<name>.tmp-<pid>-*``)
+- ``write_file(path, data)``: a uniquely named temp file in the same folder, created with the umask's
+  mode (not mkstemp's 0600), fsync, rename into place, fsync the folder.
+- ``staging_dir(target)``: a uniquely named folder beside ``target`` (``.<name>.tmp-<pid>-*``)
   to build a directory in; ``publish_dir(stage, target)`` puts it at ``target``.
 - A directory publish swaps the two names in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so a
   kill at any instant leaves the old or the new directory at ``target``. Where the exchange is not
@@ -19,28 +19,13 @@ import ctypes
 import errno
 import os
 import re
+import secrets
 import shutil
-import tempfile
 
-__all__ = ["write_file", "staging_dir", "publish_dir", "recover", "discard", "file_mode", "dir_mode", "fsync_dir"]
+__all__ = ["write_file", "staging_dir", "publish_dir", "recover", "discard", "fsync_dir"]
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
-
-
-def _umask() -> int:
-    # os.umask has no read-only form; the set-and-restore pair is how the stdlib itself reads it.
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def file_mode() -> int:
-    return 0o666 & ~_umask()
-
-
-def dir_mode() -> int:
-    return 0o777 & ~_umask()
 
 
 def fsync_dir(path: str) -> None:
@@ -60,11 +45,28 @@ def _tag(target: str, kind: str) -> str:
     return f".{os.path.basename(target)}.{kind}-{os.getpid()}-"
 
 
+def _fresh(parent: str, prefix: str, create):
+    """``create(path)`` at a new, unique ``parent/prefix<random>``; (path, what create returned).
+
+    Files and folders are created with mode 0o666 / 0o777 and the kernel applies the umask: no
+    os.umask set-and-restore, which would change the mode of files other threads create meanwhile."""
+    while True:
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            return path, create(path)
+        except FileExistsError:
+            continue
+
+
+def _new_file(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+
+
 def write_file(path, data) -> str:
     """Write ``data`` (bytes, or a callable taking the open binary file) to ``path`` atomically."""
     path = os.path.abspath(os.fspath(path))
     folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=_tag(path, "tmp"), dir=folder)
+    tmp, fd = _fresh(folder, _tag(path, "tmp"), _new_file)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):
@@ -73,7 +75,6 @@ def write_file(path, data) -> str:
                 f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -89,8 +90,7 @@ def staging_dir(target) -> str:
     parent = os.path.dirname(target)
     os.makedirs(parent, exist_ok=True)
     recover(target)
-    root = tempfile.mkdtemp(prefix=_tag(target, "tmp"), dir=parent)
-    os.chmod(root, dir_mode())  # mkdtemp made it 0700; the published folder follows the umask
+    root, _ = _fresh(parent, _tag(target, "tmp"), lambda p: os.mkdir(p, 0o777))
     return root
 
 
@@ -134,7 +134,7 @@ def publish_dir(stage: str, target, *, keep_old: bool = False) -> str | None:
     elif _exchange(stage, target):
         old = stage  # now holds the replaced content
     else:
-        old = tempfile.mkdtemp(prefix=_tag(target, "old"), dir=parent)
+        old, _ = _fresh(parent, _tag(target, "old"), lambda p: os.mkdir(p, 0o777))
         os.rmdir(old)
         os.rename(target, old)
         try:
