@@ -1,12 +1,13 @@
 """A ``transformers`` causal LM as ``prefill_<L>`` / ``decode`` signatures with its KV cache as explicit state.
 
-The cache protocol (what every signature takes and returns; static shapes, batch 1):
+The cache protocol (what every signature takes and returns; static shapes, batch B = 1 unless asked):
 
-- inputs: ``tokens`` int32 [1, T] (T = L for ``prefill_<L>``, 1 for ``decode``), ``input_pos`` int32 [T]
-  (the cache slot, which is also the RoPE position, of each token), and per layer i
-  ``kv_cache_k_<i>`` and ``kv_cache_v_<i>``, each [1, kv_heads, cache_len, head_dim]
+- inputs: ``tokens`` int32 [B, T] (T = L for ``prefill_<L>``, 1 for ``decode``), ``input_pos`` int32 [T]
+  (the cache slot, which is also the RoPE position, of each token; shared by the whole batch), and per layer i
+  ``kv_cache_k_<i>`` and ``kv_cache_v_<i>``, each [B, kv_heads, cache_len, head_dim]
   (axes: batch, kv head, cache slot = sequence axis 2, channel).
-- outputs: ``logits`` float [1, T, vocab] and the updated ``kv_cache_k_<i>`` / ``kv_cache_v_<i>`` (same shapes).
+- outputs: ``logits`` float [B, T, vocab] and the updated ``kv_cache_k_<i>`` / ``kv_cache_v_<i>`` (same shapes).
+  Batch 1 is what LiteRT-LM runs (the .litertlm bundle); a batch > 1 (rows at the same positions) is for TPU.
 - the new keys and values are written at ``input_pos`` (index_copy on axis 2) before attention; query t attends
   to the slots ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache
   keeps every slot, the mask applies the window), so stale slots past the current position are never read and a
@@ -31,17 +32,18 @@ __all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """Shapes of the explicit cache: ``num_layers`` K and V tensors of [1, kv_heads, cache_len, head_dim]."""
+    """Shapes of the explicit cache: ``num_layers`` K and V tensors of [batch, kv_heads, cache_len, head_dim]."""
 
     num_layers: int
     kv_heads: int
     cache_len: int
     head_dim: int
     dtype: torch.dtype = torch.float32
+    batch: int = 1
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (1, self.kv_heads, self.cache_len, self.head_dim)
+        return (self.batch, self.kv_heads, self.cache_len, self.head_dim)
 
     def names(self) -> list[str]:
         """Input/output names, K and V of layer 0, then layer 1, ... (LiteRT-LM's ``kv_cache_k_<i>`` naming)."""
@@ -87,8 +89,10 @@ class KVCacheLM(torch.nn.Module):
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
 
-    def __init__(self, model, cache_len: int, dtype: torch.dtype = torch.float32):
+    def __init__(self, model, cache_len: int, dtype: torch.dtype = torch.float32, batch: int = 1):
         super().__init__()
+        if int(batch) < 1:
+            raise ValueError(f"batch must be >= 1, got {batch}")
         cfg = model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -101,7 +105,7 @@ class KVCacheLM(torch.nn.Module):
                 getattr(cfg, "_experts_implementation", None) != "batched_mm":
             model.set_experts_implementation("batched_mm")
         self.spec = CacheSpec(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
-                              int(cache_len), head_dim, dtype)
+                              int(cache_len), head_dim, dtype, int(batch))
 
     def _masks(self, pos):
         """The additive attention mask from positions: query t sees the slots <= its position (and, in a
@@ -124,7 +128,8 @@ class KVCacheLM(torch.nn.Module):
         names = self.spec.names()
         pos = input_pos.to(torch.long)
         layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos) for i in range(self.spec.num_layers)]
-        out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos), position_ids=pos[None],
+        position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
+        out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos), position_ids=position_ids,
                          cache=_explicit_cache(layers), use_cache=True)
         result = {"logits": out.logits}
         for i, layer in enumerate(layers):
@@ -160,16 +165,17 @@ def lm_requests(lm: KVCacheLM, prefill_lengths) -> list[SignatureRequest]:
                          f"{lm.spec.cache_len}")
     reqs = []
     for name, t in [(f"prefill_{n}", n) for n in lengths] + [("decode", 1)]:
-        args = (torch.zeros(1, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32))
+        args = (torch.zeros(lm.spec.batch, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32))
         reqs.append(SignatureRequest(name, lm, args, lm.spec.zeros()))
     return reqs
 
 
-def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256):
-    """Capture ``model`` (a transformers causal LM) once per signature into one Program sharing its weights.
+def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256, batch: int = 1):
+    """Capture ``model`` (a transformers causal LM) once per signature into one Program sharing its weights;
+    ``batch`` rows per call (tokens [batch, T], caches [batch, ...]; 1 for the edge).
 
     Returns ``(program, cache_spec)``.
     """
-    lm = KVCacheLM(model, cache_len).eval()
+    lm = KVCacheLM(model, cache_len, batch=batch).eval()
     with torch.no_grad():
         return prepare_many(lm_requests(lm, prefill_lengths)), lm.spec

@@ -141,3 +141,21 @@ def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
     compiled = tpu_backend.export_program(prog, platforms=("tpu", "cpu")).compile_for("tpu-v6e")
     assert compiled.platform == "tpu"
     assert sorted(compiled.signatures) == ["decode", "prefill_16", "prefill_8"]
+
+
+def test_batch_of_two_prefills_and_decodes_like_transformers(hf):
+    """batch=2 (for TPU serving): two prompts at the same positions, each row's logits as transformers' own."""
+    from edge import convert_program
+
+    prog, spec = prepare_lm(hf, prefill_lengths=(8,), cache_len=16, batch=2)
+    assert spec.shape == (2, 2, 16, 16)
+    ids = torch.cat([_prompt(8), _prompt(9)[:, :8]])
+    nxt = torch.tensor([[5], [7]])
+    with torch.no_grad():
+        want = hf(torch.cat([ids, nxt], 1)).logits
+    for rt in (litert_torch.Model(convert_program(prog)), tpu_backend.export_program(prog, platforms=("cpu",))):
+        out = rt(ids.to(torch.int32), torch.arange(8, dtype=torch.int32), signature_name="prefill_8", **spec.zeros())
+        assert rel_err(torch.as_tensor(out["logits"]), want[:, :8]) <= 1e-4
+        out = rt(nxt.to(torch.int32), torch.tensor([8], dtype=torch.int32), signature_name="decode",
+                 **{k: out[k] for k in spec.names()})
+        assert rel_err(torch.as_tensor(out["logits"]), want[:, 8:]) <= 1e-4
