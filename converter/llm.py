@@ -8,10 +8,14 @@ The cache protocol (what every signature takes and returns; static shapes, batch
   (axes: batch, kv head, cache slot = sequence axis 2, channel).
 - outputs: ``logits`` float [B, T, vocab] and the updated ``kv_cache_k_<i>`` / ``kv_cache_v_<i>`` (same shapes).
   Batch 1 is what LiteRT-LM runs (the .litertlm bundle); a batch > 1 (rows at the same positions) is for TPU.
-- the new keys and values are written at ``input_pos`` (index_copy on axis 2) before attention; query t attends
-  to the slots ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache
-  keeps every slot, the mask applies the window), so stale slots past the current position are never read and a
-  short prompt can be padded to L (pad positions write slots that decode overwrites before it reads them).
+- ``input_pos`` is contiguous, ``input_pos[0] + t`` for the real tokens: the T new keys and values are written as
+  one block at slots ``input_pos[0] .. input_pos[0] + T - 1`` (converter.llm_ops.cache_write: a
+  dynamic-update-slice on axis 2, not a scatter) before attention; query t attends to the slots
+  ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache keeps every
+  slot, the mask applies the window), so stale slots past the current position are never read and a short prompt
+  can be padded to L: the pad rows' positions may be anything (LiteRT-LM passes 0), their keys land after the
+  prompt's and decode overwrites them before it reads them. Keep ``input_pos[0] + T <= cache_len`` (a block that
+  would run past the end is moved back to end at the last slot, as dynamic-update-slice clamps).
 - the caller owns the state: it passes zeros first, then each call's returned caches to the next call, and keeps
   every position below ``cache_len`` (the graph cannot raise; tpu_export.generate checks it).
 
@@ -25,6 +29,7 @@ import dataclasses
 
 import torch
 
+from .llm_ops import cache_write
 from .pipeline import SignatureRequest, prepare_many
 
 __all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
@@ -64,8 +69,8 @@ class _StateLayer:
         self.keys, self.values, self.pos, self.is_initialized = keys, values, pos, True
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.keys = self.keys.index_copy(2, self.pos, key_states.to(self.keys.dtype))
-        self.values = self.values.index_copy(2, self.pos, value_states.to(self.values.dtype))
+        self.keys = cache_write(self.keys, key_states, self.pos, 2)
+        self.values = cache_write(self.values, value_states, self.pos, 2)
         return self.keys, self.values
 
     def get_seq_length(self):  # only read when position_ids are missing; they never are here

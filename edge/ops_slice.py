@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
 from converter.registry import arguments
 
 from . import layout as L
+from .helpers import plain
 from .registry import lowering, supported_if
 from .values import Val
 
@@ -212,3 +214,20 @@ def roll(lw, x, shifts, dims=()):
         opts = lw.options("Concatenation", axis=x.perm.index(d))
         x = lw.op("CONCATENATION", [lw.tensor(a), lw.tensor(b, a.perm)], x.shape, x.dtype, a.perm, opts)
     return x
+
+
+# tpu_export::cache_write(Tensor cache, Tensor update, Tensor pos, int dim) -> Tensor
+@lowering(torch.ops.tpu_export.cache_write.default)
+def cache_write(lw, cache, update, pos, dim):
+    """DYNAMIC_UPDATE_SLICE at pos[0] along ``dim`` (0 elsewhere): writes only the new slots, in place when the
+    runtime shares the cache's input and output buffers (LiteRT-LM on CPU); the kernel clamps the start like
+    the op's eager definition (converter.llm_ops)."""
+    dim %= cache.rank
+    x = plain(lw, cache)
+    first = strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
+    zeros = [lw.const(np.zeros(n, np.int32)) for n in (dim, cache.rank - dim - 1)]
+    parts = [p for p in (zeros[0], first, zeros[1]) if p.shape[0]]
+    start = lw.op("CONCATENATION", [lw.tensor(plain(lw, p)) for p in parts], (cache.rank,), np.int32,
+                  opts=lw.options("Concatenation", axis=0), suffix="start") if len(parts) > 1 else first
+    ins = [lw.tensor(x), lw.tensor(plain(lw, lw.cast(update, x.dtype))), lw.tensor(start)]
+    return lw.op("DYNAMIC_UPDATE_SLICE", ins, x.shape, x.dtype)

@@ -159,3 +159,31 @@ def test_batch_of_two_prefills_and_decodes_like_transformers(hf):
         out = rt(nxt.to(torch.int32), torch.tensor([8], dtype=torch.int32), signature_name="decode",
                  **{k: out[k] for k in spec.names()})
         assert rel_err(torch.as_tensor(out["logits"]), want[:, 8:]) <= 1e-4
+
+
+@pytest.mark.parametrize("start", [3, 0, 7])  # inside; at 0; past the end (clamped back to end at the last slot)
+def test_cache_write_is_a_clamped_dynamic_update_slice_on_both_backends(start):
+    """converter.llm_ops.cache_write: the block lands at pos[0] (the other positions are ignored: LiteRT-LM pads
+    with 0), clamped like DYNAMIC_UPDATE_SLICE / lax.dynamic_update_slice, the same numbers as eager torch."""
+    import converter
+    from converter.llm_ops import cache_write
+    from edge import convert_program
+    from edge.inspect import op_histogram
+
+    class W(torch.nn.Module):
+        def forward(self, cache, update, pos):
+            return cache_write(cache, update, pos, 2) * 1.0
+
+    cache, update = torch.randn(1, 2, 10, 4), torch.randn(1, 2, 3, 4)
+    pos = torch.tensor([start, 0, 0], dtype=torch.int32)
+    want = W()(cache, update, pos)
+    at = min(start, 7)
+    assert torch.equal(want[:, :, at:at + 3], update) and torch.equal(want[:, :, :at], cache[:, :, :at])
+    prog = converter.prepare(W().eval(), (cache, update, pos))
+    flat = convert_program(prog)
+    ops = op_histogram(flat)
+    assert ops.get("DYNAMIC_UPDATE_SLICE") == 1 and "SCATTER_ND" not in ops
+    for rt in (litert_torch.Model(flat), tpu_backend.export_program(prog, platforms=("cpu",))):
+        out = rt(cache, update, pos)
+        out = out if isinstance(out, torch.Tensor) else torch.as_tensor(next(iter(out.values())))
+        assert torch.equal(torch.as_tensor(out), want)

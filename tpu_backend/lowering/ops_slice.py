@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from jax import lax
 
+import converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
+
 from .helpers import norm_dim, norm_dims, static_int
 from .registry import lowering
 
@@ -134,3 +136,15 @@ def unfold(ctx, x, dimension, size, step):
     out = jnp.take(x, jnp.asarray(idx.reshape(-1), jnp.int32), axis=d)
     out = out.reshape(x.shape[:d] + (n, size) + x.shape[d + 1:])
     return jnp.moveaxis(out, d + 1, -1)
+
+
+# tpu_export::cache_write(Tensor cache, Tensor update, Tensor pos, int dim) -> Tensor
+@lowering(torch.ops.tpu_export.cache_write.default)
+def cache_write(ctx, cache, update, pos, dim):
+    """lax.dynamic_update_slice at pos[0] along ``dim``: an in-place update when the cache buffer is donated;
+    XLA clamps the start like the op's eager definition (converter.llm_ops)."""
+    dim = norm_dim(dim, cache.ndim)
+    start = pos.reshape(-1)[0].astype(jnp.int32)
+    zero = jnp.zeros((), jnp.int32)
+    idx = tuple(start if d == dim else zero for d in range(cache.ndim))
+    return lax.dynamic_update_slice(cache, update.astype(cache.dtype), idx)
