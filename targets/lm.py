@@ -1,0 +1,239 @@
+"""An LLM, captured once, written for every target: ``.tflite`` + ``.litertlm`` for edge targets, the StableHLO
+artifact (AOT-compiled per TPU generation) for TPU targets.
+
+    written = convert_lm("hf_dir", ["android", "tpu-v6e"], "out", prefill_lengths=(32, 128), cache_len=1024)
+    # {"android": {"model.tflite": ..., "model.litertlm": ...}, "tpu-v6e": {"model.tpuexp": ...}}
+
+The source is a model directory, a transformers model object (+ tokenizer) or a cache-protocol module
+(targets/lm_source.py). Every target folder also gets ``lm.json`` (cache shapes, prefill lengths, stop tokens,
+chat template) and ``tokenizer.json``, what tpu_export.generate needs to run the ``.tflite`` or the TPU artifact
+with its own loop; the ``.litertlm`` carries the same inside for the LiteRT-LM engine. Targets and options are
+checked before the model is loaded; everything is built in a staging folder and ``out_dir`` is replaced in one
+step (converter/atomic.py), with ``summary.json`` (stage times, sizes, signatures): a failure leaves it as it was.
+This lives in targets/ (not the application layer) so that litert_torch.generative.export_hf can share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Callable
+
+from converter.atomic import discard, publish_dir, staging_dir, write_file
+
+from .lm_source import LmSource, LmSourceError, load_lm_source
+from .registry import IotTarget, get_target
+
+__all__ = ["DEFAULT_CACHE_LEN", "LM_META", "Stages", "capture_lm", "convert_lm", "edge_lm_bytes", "lm_meta",
+           "write_litertlm_bundle"]
+
+DEFAULT_CACHE_LEN = 1024
+LM_META = "lm.json"  # beside every artifact: what a generation loop needs that the graph does not say
+_KIND = "tpu-export-lm"  # summary.json's kind: an out_dir this function wrote (and may replace)
+
+
+class Stages:
+    """Stage timer: says when a stage starts and how long it took, and keeps {stage: seconds}."""
+
+    def __init__(self, say):
+        self.say, self.times = say, {}
+
+    @contextlib.contextmanager
+    def __call__(self, key: str, what: str):
+        self.say(f"{key}: {what}")
+        t0 = time.perf_counter()
+        yield
+        dt = time.perf_counter() - t0
+        self.times[key] = round(self.times.get(key, 0.0) + dt, 3)
+        self.say(f"{key}: done in {dt:.2f} s")
+
+
+def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,), cache_len: int | None = None,
+               quantize=None, progress: Callable[[str], None] | None = None) -> dict:
+    """Convert ``source`` for ``targets`` (names, or {name: options}) into ``out_dir``; {target: {file: path}}.
+
+    ``cache_len``: slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
+    module brings its own). ``quantize``: a scheme for every target that takes it (edge: dynamic_int8,
+    weight_only_int8, weight_only_int4, fp16; TPU: weight_only_int8); per-target options override it.
+    """
+    say = progress or (lambda msg: None)
+    resolved, opts = _resolve(targets, quantize)
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    _check_out_dir(out_dir)
+    stages = Stages(say)
+    with stages("load", f"reading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}"):
+        src = load_lm_source(source, tokenizer)
+    if any(t.backend == "edge" for t in resolved):
+        src.require_tokenizer("the .litertlm bundle")  # before the capture, not after minutes of it
+    with stages("capture", f"torch.export of prefill {sorted(set(prefill_lengths))} and decode, cache "
+                           f"{cache_len or 'default'}"):
+        prog, spec = capture_lm(src, prefill_lengths, cache_len)
+    meta = lm_meta(src, spec, prefill_lengths)
+    stage = staging_dir(out_dir)
+    try:
+        summary = {"kind": _KIND, "source": src.name, **{k: meta[k] for k in ("prefill_lengths", "cache")},
+                   "stages": stages.times, "targets": {}}
+        written = {}
+        for t, o in zip(resolved, opts):
+            d = os.path.join(stage, t.name)
+            os.makedirs(d)
+            ts = Stages(lambda m, n=t.name: say(f"{n}: {m}"))
+            files = (_write_edge(prog, src, meta, t, o, d, ts) if t.backend == "edge"
+                     else _write_tpu(prog, t, o, d, ts))
+            files[LM_META] = write_file(os.path.join(d, LM_META), json.dumps(meta, indent=1).encode())
+            if src.tokenizer_json is not None:
+                files["tokenizer.json"] = write_file(os.path.join(d, "tokenizer.json"), src.tokenizer_json.encode())
+            summary["targets"][t.name] = {"stages": ts.times,
+                                          "files": {f: os.path.getsize(p) for f, p in sorted(files.items())}}
+            written[t.name] = {f: os.path.join(out_dir, t.name, f) for f in files}
+        summary["signatures"] = {s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs]}
+                                 for s in prog.signatures.values()}
+        write_file(os.path.join(stage, "summary.json"), json.dumps(summary, indent=2, default=str).encode())
+        say(f"publishing {', '.join(t.name for t in resolved)} into {out_dir}")
+        publish_dir(stage, out_dir)
+    finally:
+        discard(stage)
+    return written
+
+
+def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
+    """One Program with ``prefill_<L>`` and ``decode`` sharing the weights; (program, CacheSpec)."""
+    import torch
+
+    from converter.llm import lm_requests, prepare_lm
+    from converter.pipeline import prepare_many
+
+    if src.protocol:
+        own = src.model.spec.cache_len
+        if cache_len is not None and int(cache_len) != own:
+            raise LmSourceError(f"{src.name}: its cache protocol spec holds {own} slots; cache_len={cache_len} cannot "
+                                "change it (build the module with that cache length, or leave cache_len out)")
+        with torch.no_grad():
+            return prepare_many(lm_requests(src.model, prefill_lengths)), src.model.spec
+    return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN))
+
+
+def lm_meta(src: LmSource, spec, prefill_lengths) -> dict:
+    """The contents of lm.json: the cache's shapes, the prefill lengths, stop tokens, BOS, chat template."""
+    return {"format": 1, "prefill_lengths": sorted({int(n) for n in prefill_lengths}),
+            "cache": {"num_layers": spec.num_layers, "kv_heads": spec.kv_heads, "cache_len": spec.cache_len,
+                      "head_dim": spec.head_dim, "dtype": str(spec.dtype).replace("torch.", "")},
+            "stop_token_ids": list(src.stop_token_ids), "bos_token_id": src.bos_token_id,
+            "chat_template": src.chat_template,
+            "tokenizer": "tokenizer.json" if src.tokenizer_json is not None else None}
+
+
+def edge_lm_bytes(prog, target, opts, stages) -> bytes:
+    """The .tflite of an edge target: lowered, quantized by the target's scheme, checked against the target."""
+    from edge.quantize import quantize_tflite
+
+    from .checks import check_for_target, lower_for_target
+    from .quantize import resolve_quant
+
+    with stages("lower", "LiteRT flatbuffer (prefill and decode subgraphs, one copy of the weights)"):
+        tflite = lower_for_target(prog, target, channel_last_io=False)  # token ids and caches: no image layout
+    quant = resolve_quant(target, opts.quant_config, None)
+    if quant is not None:
+        with stages("quantize", f"{quant.scheme} (ai-edge-quantizer)"):
+            tflite = quantize_tflite(tflite, quant)
+    check_for_target(tflite, target, strict=opts.strict_ops, say=stages.say)
+    return tflite
+
+
+def write_litertlm_bundle(path: str, tflite: bytes, src: LmSource, meta: dict) -> str:
+    """The .litertlm (edge/litertlm.py: litert-lm-builder's sections) the LiteRT-LM engine runs."""
+    from edge.litertlm import write_litertlm
+
+    write_litertlm(path, tflite, tokenizer_json=src.require_tokenizer("the .litertlm bundle"),
+                   stop_token_ids=list(src.stop_token_ids), max_num_tokens=meta["cache"]["cache_len"],
+                   prompt_template=src.chat_template, bos_token_id=src.bos_token_id)
+    return path
+
+
+def _write_edge(prog, src, meta, t, opts, d, stages) -> dict:
+    tflite = edge_lm_bytes(prog, t, opts, stages)
+    with stages("write", "model.tflite and model.litertlm"):
+        return {"model.tflite": write_file(os.path.join(d, "model.tflite"), tflite),
+                "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), tflite, src, meta)}
+
+
+_TPU_STAGES = (("AOT", "compile"), ("lowering", "lower"), ("writing", "write"))
+
+
+def _write_tpu(prog, t, opts, d, stages) -> dict:
+    """targets.tpu.write_tpu_artifact, its progress messages mapped onto the lower / compile / write stages."""
+    from .tpu import write_tpu_artifact
+
+    path = os.path.join(d, "model.tpuexp")
+    open_stage = []
+
+    def say(msg):
+        key = next((k for word, k in _TPU_STAGES if word in msg), None)
+        if key is None:
+            stages.say(msg)
+            return
+        if open_stage:
+            open_stage.pop().__exit__(None, None, None)
+        cm = stages(key, msg.split(": ", 1)[-1])
+        cm.__enter__()
+        open_stage.append(cm)
+
+    try:
+        write_tpu_artifact(prog, t, opts, path, say)
+    finally:
+        if open_stage:
+            open_stage.pop().__exit__(None, None, None)
+    return {"model.tpuexp": path}
+
+
+def _resolve(targets, quantize) -> tuple[list, list]:
+    """[Target], [checked options]; every name and option is checked before any work."""
+    from .options import options_for, split_shared
+
+    if isinstance(targets, str):
+        targets = [targets]
+    own = dict(targets) if isinstance(targets, dict) else {}
+    names = list(targets)
+    if not names:
+        raise ValueError("targets is empty; name at least one (see `tpu-export targets`)")
+    resolved = [get_target(n) for n in names]
+    seen = [t.name for t in resolved]
+    twice = sorted({n for n in seen if seen.count(n) > 1})
+    if twice:
+        raise ValueError(f"target(s) {', '.join(twice)} named twice; name each target once")
+    shared = {"quant_config": quantize} if quantize is not None else {}
+    opts = []
+    for t, name, common in zip(resolved, names, split_shared(resolved, shared)):
+        if isinstance(t, IotTarget):
+            raise ValueError("target 'iot' (TFLite Micro) cannot hold an LLM with its KV cache; LLM targets: "
+                             "android, ios, web, cpu and the TPU/XLA targets")
+        mine = {**common, **(own.get(name) or {})}
+        if t.backend == "edge" and mine.get("quant_config") is not None:
+            from edge.quantize import as_quant_config
+
+            q = as_quant_config(mine["quant_config"])
+            if q is not None and q.needs_calibration:
+                raise ValueError(f"target {t.name!r}: static int8 of an LLM (calibrating prefill and decode) is "
+                                 "not supported; use dynamic_int8, weight_only_int8, weight_only_int4 or fp16")
+        opts.append(options_for(t, mine))
+    return resolved, opts
+
+
+def _check_out_dir(out_dir: str) -> None:
+    """out_dir is replaced whole: only a missing or empty folder, or one this function wrote, may be."""
+    if not os.path.lexists(out_dir):
+        return
+    if not os.path.isdir(out_dir) or os.path.islink(out_dir):
+        raise ValueError(f"out_dir {out_dir} exists and is not a directory; choose another")
+    if not os.listdir(out_dir):
+        return
+    try:
+        with open(os.path.join(out_dir, "summary.json"), "rb") as f:
+            if json.loads(f.read(16 << 20)).get("kind") == _KIND:
+                return
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise ValueError(f"refusing to replace {out_dir}: it is not empty and was not written by convert-lm (no "
+                     f"summary.json of kind {_KIND!r}); choose another out_dir or remove it")

@@ -1,0 +1,186 @@
+"""What an LLM conversion starts from: a local Hugging Face model directory, a ``transformers`` model object (with
+its tokenizer), or a user module that follows converter.llm's cache protocol.
+
+    src = load_lm_source("path/to/hf_dir")                    # config.json, *.safetensors, tokenizer.json
+    src = load_lm_source(hf_model, tokenizer=hf_tokenizer)     # objects already in memory
+    src = load_lm_source(my_module, tokenizer="tokenizer.json")
+
+A model directory is read with ``transformers`` from local files only, safetensors only: a directory that holds
+only ``pytorch_model.bin`` (a pickle, which can run code when loaded) is refused with the one-time fix. Nothing is
+downloaded and no remote code runs (``trust_remote_code`` stays off).
+
+A user module follows the cache protocol when it is a ``torch.nn.Module`` with ``spec``, a converter.llm.CacheSpec,
+and ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}`` with the input and output names
+of converter/llm.py's docstring (converter.llm.KVCacheLM is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+
+__all__ = ["LmSource", "LmSourceError", "load_lm_source"]
+
+
+class LmSourceError(ValueError):
+    """A model directory, object or tokenizer that cannot be converted; the message names it and the fix."""
+
+
+@dataclasses.dataclass
+class LmSource:
+    """The model to capture and what a runtime needs beside the graph to generate text."""
+
+    model: object  # a transformers causal LM, or a module that follows the cache protocol (protocol=True)
+    name: str  # for messages and summary.json
+    protocol: bool = False
+    tokenizer_json: str | None = None  # the fast tokenizer's tokenizer.json text
+    stop_token_ids: tuple = ()
+    bos_token_id: int | None = None
+    chat_template: str | None = None  # jinja, as in tokenizer_config.json
+
+    def require_tokenizer(self, why: str) -> str:
+        if self.tokenizer_json is None:
+            raise LmSourceError(f"{self.name}: no tokenizer; {why} needs one: pass tokenizer= (a transformers fast "
+                                "tokenizer, a tokenizers.Tokenizer or a tokenizer.json path), or save it into the "
+                                "model directory with tokenizer.save_pretrained(DIR)")
+        return self.tokenizer_json
+
+
+def load_lm_source(source, tokenizer=None) -> LmSource:
+    """``source``: a model directory path, a transformers causal LM, or a cache-protocol module."""
+    if isinstance(source, (str, os.PathLike)):
+        if tokenizer is not None:
+            raise LmSourceError(f"{os.fspath(source)}: a model directory brings its own tokenizer; drop tokenizer=")
+        return _from_dir(os.fspath(source))
+    import torch
+
+    from converter.llm import CacheSpec
+
+    if not isinstance(source, torch.nn.Module):
+        raise LmSourceError(f"cannot convert a {type(source).__name__} as an LLM: give a Hugging Face model "
+                            "directory, a transformers causal LM or a module with the cache protocol "
+                            "(targets/lm_source.py)")
+    name = type(source).__name__
+    if isinstance(getattr(source, "spec", None), CacheSpec):
+        src = LmSource(source, name, protocol=True)
+    elif hasattr(source, "config") and hasattr(source, "get_input_embeddings"):
+        gen = getattr(source, "generation_config", None)
+        src = LmSource(source, name, stop_token_ids=_stops(gen, source.config),
+                       bos_token_id=_first(getattr(gen, "bos_token_id", None), source.config.bos_token_id))
+    else:
+        raise LmSourceError(f"{name} is neither a transformers causal LM (config, get_input_embeddings) nor a module "
+                            "with the cache protocol (a converter.llm.CacheSpec as .spec): see targets/lm_source.py")
+    if tokenizer is not None:
+        src.tokenizer_json, template, stops, bos = _tokenizer_parts(tokenizer)
+        src.chat_template = template
+        src.stop_token_ids = src.stop_token_ids or stops
+        src.bos_token_id = src.bos_token_id if src.bos_token_id is not None else bos
+    return src
+
+
+def _from_dir(path: str) -> LmSource:
+    if not os.path.isdir(path):
+        raise LmSourceError(f"{path}: not a directory; give a Hugging Face model directory (config.json, "
+                            "*.safetensors, tokenizer.json)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise LmSourceError(f"{path}: no config.json, so not a Hugging Face model directory; write one with "
+                            "model.save_pretrained(DIR)")
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        pickles = sorted(os.path.basename(p) for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt")
+                         for p in glob.glob(os.path.join(path, pat)))
+        if pickles:
+            raise LmSourceError(f"{path}: weights only in {', '.join(pickles)} (pickle, which can run code when "
+                                "loaded; tpu-export never unpickles); convert once where you trust the file: "
+                                "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR) writes "
+                                "model.safetensors")
+        raise LmSourceError(f"{path}: no *.safetensors weights; save the model with model.save_pretrained(DIR)")
+    tok_path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(tok_path):
+        raise LmSourceError(f"{path}: no tokenizer.json (the fast tokenizer the bundle and `generate` use); save it "
+                            "with AutoTokenizer.from_pretrained(...).save_pretrained(DIR)")
+    model = _load_model(path)
+    tok_cfg = _json(os.path.join(path, "tokenizer_config.json"))
+    gen = _json(os.path.join(path, "generation_config.json"))
+    cfg = model.config
+    stops = _ids(gen.get("eos_token_id")) or _ids(cfg.eos_token_id)
+    with open(tok_path, encoding="utf-8") as f:
+        tok_json = f.read()
+    return LmSource(model, os.path.basename(os.path.normpath(path)), tokenizer_json=tok_json,
+                    stop_token_ids=stops, bos_token_id=_first(gen.get("bos_token_id"), cfg.bos_token_id),
+                    chat_template=_dir_template(path, tok_cfg))
+
+
+def _load_model(path: str):
+    import torch
+    import transformers
+
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
+    except Exception as e:  # noqa: BLE001 - transformers raises many types; the user gets one line naming the dir
+        from converter.errors import one_line
+
+        raise LmSourceError(f"{path}: transformers cannot load it as a causal LM from local safetensors: "
+                            f"{one_line(e)}") from None
+
+
+def _json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise LmSourceError(f"{path}: not readable JSON ({e}); fix or remove the file") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _dir_template(path: str, tok_cfg: dict) -> str | None:
+    """The chat template: chat_template.jinja (transformers >= 4.43 writes it there) or tokenizer_config.json's."""
+    jinja = os.path.join(path, "chat_template.jinja")
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    return _template(tok_cfg.get("chat_template"))
+
+
+def _template(t) -> str | None:
+    if isinstance(t, list):  # [{"name": "default", "template": ...}, ...]: the default one
+        named = {d.get("name"): d.get("template") for d in t if isinstance(d, dict)}
+        t = named.get("default", next(iter(named.values()), None))
+    return t if isinstance(t, str) else None
+
+
+def _ids(v) -> tuple:
+    if v is None:
+        return ()
+    return tuple(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+
+
+def _first(*vals):
+    for v in vals:
+        if v is not None:
+            return int(v[0] if isinstance(v, (list, tuple)) else v)
+    return None
+
+
+def _stops(gen, cfg) -> tuple:
+    return _ids(getattr(gen, "eos_token_id", None)) or _ids(getattr(cfg, "eos_token_id", None))
+
+
+def _tokenizer_parts(tok):
+    """(tokenizer.json text, chat template, eos ids, bos id) of a transformers fast tokenizer, a
+    tokenizers.Tokenizer or a tokenizer.json path."""
+    if isinstance(tok, (str, os.PathLike)):
+        with open(tok, encoding="utf-8") as f:
+            return f.read(), None, (), None
+    if hasattr(tok, "to_str"):  # tokenizers.Tokenizer
+        return tok.to_str(), None, (), None
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        raise LmSourceError(f"tokenizer {type(tok).__name__} has no tokenizer.json form (a slow tokenizer); load "
+                            "the fast one (AutoTokenizer.from_pretrained(..., use_fast=True))")
+    return (backend.to_str(), _template(getattr(tok, "chat_template", None)), _ids(tok.eos_token_id),
+            tok.bos_token_id)
