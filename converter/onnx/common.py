@@ -1,0 +1,49 @@
+"""Helpers the ONNX op functions share: static ints, axes, dtypes, numpy folds of shape arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic"]
+
+
+def is_symbolic(a) -> bool:
+    return isinstance(a, np.ndarray) and a.dtype == object
+
+
+def ints(ctx, a, what: str = "input") -> list:
+    """A static 1-D (or scalar) int array as a list of ints (SymInts stay SymInts)."""
+    if a is None:
+        return []
+    if isinstance(a, torch.Tensor):
+        ctx.fail(f"{what} is computed at run time; the importer needs it known when the model is built")
+    arr = np.asarray(a)
+    return [x if isinstance(x, torch.SymInt) else int(x) for x in arr.reshape(-1)]
+
+
+def axis_of(ctx, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        ctx.fail(f"axis {axis} is out of range for a rank-{rank} input")
+    return axis + rank if axis < 0 else axis
+
+
+def onnx_dtype(ctx, elem_type: int) -> torch.dtype:
+    from .importer import ONNX_DTYPES
+
+    if elem_type not in ONNX_DTYPES:
+        ctx.fail(f"ONNX element type {elem_type} is not supported (float, int, uint8, bool and bfloat16 are)")
+    return ONNX_DTYPES[elem_type]
+
+
+def np_binary(op):
+    """A numpy fold for a broadcasting binary op (shape arithmetic on ints or SymInts)."""
+
+    def fold(ctx, a, b):
+        r = op(np.asarray(a), np.asarray(b))
+        if isinstance(r, np.ndarray) and r.dtype != object and np.asarray(a).dtype != object:
+            want = np.result_type(np.asarray(a).dtype, np.asarray(b).dtype) if r.dtype != bool else bool
+            return r.astype(want, copy=False)
+        return r
+
+    return fold
