@@ -22,7 +22,6 @@ dims, dtypes) by ``calibration_feeds`` before anything is lowered or written.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import warnings
 from typing import Any
@@ -32,7 +31,7 @@ import numpy as np
 __all__ = ["SCHEMES", "QuantConfig", "QuantizationError", "as_quant_config", "recipe_for", "quantize_tflite",
            "calibration_feeds", "unique_tensor_names"]
 
-SCHEMES = ("dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16", "static_int8")
+SCHEMES = ("dynamic_int8", "weight_only_int8", "weight_only_int4", "dynamic_int4_block32", "fp16", "static_int8")
 _ALIASES = {"float16": "fp16", "int8": "static_int8", "full_int8": "static_int8", "dynamic": "dynamic_int8"}
 _IO_DTYPES = ("float32", "int8")
 
@@ -106,6 +105,10 @@ def recipe_for(config: QuantConfig) -> list:
         # OCTAV picks each channel's clipping range to minimise error: on the zoo CNNs it keeps
         # top-1 agreement at 0.90 / 0.78 (ResNet-18 / MobileNetV2) where plain min-max gives 0.88 / 0.63
         return recipe.weight_only_wi4_afp32(AlgorithmName.OCTAV)
+    if config.scheme == "dynamic_int4_block32":
+        # int4 in blocks of 32 input channels, one scale each: LiteRT runs blockwise weights only in dynamic-range
+        # FULLY_CONNECTED (and EMBEDDING_LOOKUP), the layout LiteRT-LM's int4 LLMs use
+        return recipe.dynamic_wi4b32_afp32()
     if config.scheme == "fp16":
         rm.add_weight_only_config(".*", every, 16, algorithm_key=AlgorithmName.FLOAT_CASTING)
         return rm.get_quantization_recipe()
@@ -118,39 +121,20 @@ def recipe_for(config: QuantConfig) -> list:
 
 
 def unique_tensor_names(tflite: bytes) -> bytes:
-    """The same model with every repeated tensor name in a subgraph suffixed ``_1``, ``_2``...
+    """The same model with every repeated tensor name suffixed ``_1``, ``_2``... (model-wide: the quantizer
+    refuses a name repeated across subgraphs too, as a multi-signature LLM's inputs and shared weights are).
+    Signature names live in the SignatureDefs, so no caller sees a change. Unchanged bytes when unique."""
+    from .quantize_prep import prepare_for_quantizer
 
-    ai-edge-quantizer keys recipes and calibration results by tensor name and refuses repeats. Our
-    writer already names uniquely; this covers .tflite files from elsewhere. Unchanged bytes when
-    the names are unique.
-    """
-    from ai_edge_litert import schema_py_generated as s
-
-    model = s.Model.GetRootAs(tflite, 0)
-    if all(_names_unique(model.Subgraphs(g)) for g in range(model.SubgraphsLength())):
-        return tflite
-    import flatbuffers
-
-    obj = s.ModelT.InitFromObj(model)
-    for sg in obj.subgraphs:
-        taken = {t.name for t in sg.tensors}
-        seen = collections.Counter()
-        for t in sg.tensors:
-            seen[t.name] += 1
-            if seen[t.name] > 1:
-                k = seen[t.name] - 1
-                while t.name + b"_%d" % k in taken:
-                    k += 1
-                t.name = t.name + b"_%d" % k
-                taken.add(t.name)
-    b = flatbuffers.Builder(len(tflite) + (1 << 16))
-    b.Finish(obj.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
+    return prepare_for_quantizer(tflite)
 
 
-def _names_unique(sg) -> bool:
-    names = [sg.Tensors(i).Name() for i in range(sg.TensorsLength())]
-    return len(set(names)) == len(names)
+def _quantizes_embeddings(config: QuantConfig, recipe: list) -> bool:
+    """Whether the recipe reaches EMBEDDING_LOOKUP (so a GATHER table is worth rewriting into one): every named
+    scheme but static int8 (whose GATHER runs int8 as it is), and a raw recipe that names the op or all ops."""
+    if config.recipe is None:
+        return config.scheme != "static_int8"
+    return any(e.get("operation") in ("*", "EMBEDDING_LOOKUP") for e in recipe)
 
 
 def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> bytes:
@@ -162,8 +146,10 @@ def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> b
     from ai_edge_quantizer import quantizer
 
     config = as_quant_config(config)
-    model = unique_tensor_names(bytes(tflite))
+    from .quantize_prep import prepare_for_quantizer
+
     recipe = recipe_for(config)
+    model = prepare_for_quantizer(bytes(tflite), embedding_lookup=_quantizes_embeddings(config, recipe))
     q = quantizer.Quantizer(bytearray(model), recipe)
     if q.need_calibration and not calibration:
         raise QuantizationError(f"{config.scheme} quantizes activations and needs calibration data: "
