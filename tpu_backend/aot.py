@@ -146,6 +146,11 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
             cs, figures = _compile_signature(bundle, sig, used, mesh, dim_values, hbm, target, topology)
         compiled[name], per_sig[name] = cs, figures
     report = build_report(target, topology, libtpu_topology, chip, used, bundle.mesh, per_sig, hbm)
+    from .llm.report import lm_report
+
+    llm = lm_report(bundle, report, chip)  # an LLM (decode + KV cache state): bytes per token, prefill MFU
+    if llm is not None:
+        report["llm"] = llm
     result = CompiledTarget(target, topology, platform, used[0].device_kind, len(used),
                             {k: v for k, v in runtime_versions().items() if k != "tpu_export"}, compiled, report)
     bundle.compiled = [c for c in bundle.compiled if c.key != result.key] + [result]
@@ -180,8 +185,12 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
     in_sds = [sds(tuple(shape), a.dtype, s.sharding)
               for shape, s, a in zip(in_shapes, sig.inputs, sig.exported.in_avals[len(w_sds):])]
     t0 = time.perf_counter()
+    from .export import donated_inputs
+
+    # the inputs the module aliases (KV caches) are donated here too, so the executable updates them in place
+    donate = tuple(1 + i for i in donated_inputs(sig.exported, len(sig.weight_names)))
     try:
-        compiled = jax.jit(sig.exported.call, keep_unused=True).lower(w_sds, *in_sds).compile()
+        compiled = jax.jit(sig.exported.call, keep_unused=True, donate_argnums=donate).lower(w_sds, *in_sds).compile()
     except Exception as e:  # noqa: BLE001 - the TPU compiler's refusals come as JaxRuntimeError
         msg = str(e)
         if "RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg:

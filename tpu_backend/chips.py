@@ -53,6 +53,14 @@ class ChipSpec:
     dims: int  # 2 for 2D tori (v5e, v6e), 3 for 3D (v5p, tpu7x)
     source: str  # the public page the numbers come from
     kernel: KernelFacts  # block-size facts for the Pallas kernels
+    # HBM bandwidth per chip, bytes/s: what a memory-bound step (an LLM's decode) is limited by
+    hbm_bandwidth_bytes_per_s: float | None = None
+    bandwidth_source: str = ""
+
+    @property
+    def hbm_bandwidth_bytes_per_s_per_device(self) -> float | None:
+        bw = self.hbm_bandwidth_bytes_per_s
+        return None if bw is None else bw / self.devices_per_chip
 
     @property
     def hbm_bytes_per_device(self) -> int:
@@ -78,6 +86,9 @@ CHIPS: dict[str, ChipSpec] = {
         dims=2,
         source="https://cloud.google.com/tpu/docs/v5e",
         kernel=KernelFacts("v5e", **_KERNEL_128),
+        # "HBM2 capacity and bandwidth: 16 GB, 819 GBps"
+        hbm_bandwidth_bytes_per_s=819e9,
+        bandwidth_source="https://cloud.google.com/tpu/docs/v5e",
     ),
     "tpu-v6e": ChipSpec(
         target="tpu-v6e",
@@ -92,6 +103,9 @@ CHIPS: dict[str, ChipSpec] = {
         dims=2,
         source="https://cloud.google.com/tpu/docs/v6e",
         kernel=KernelFacts("v6e", **_KERNEL_256),
+        # "HBM bandwidth per chip: 1638 GBps" (the v6e page and the TPU7x page's table agree)
+        hbm_bandwidth_bytes_per_s=1638e9,
+        bandwidth_source="https://cloud.google.com/tpu/docs/v6e",
     ),
     "tpu-v5p": ChipSpec(
         target="tpu-v5p",
@@ -106,6 +120,9 @@ CHIPS: dict[str, ChipSpec] = {
         dims=3,
         source="https://cloud.google.com/tpu/docs/tpu7x (v5p column); https://cloud.google.com/tpu/docs/v5p",
         kernel=KernelFacts("v5p", **_KERNEL_128),
+        # "HBM bandwidth per chip (GBps): 2765" (TPU7x page, v5p column)
+        hbm_bandwidth_bytes_per_s=2765e9,
+        bandwidth_source="https://cloud.google.com/tpu/docs/tpu7x (v5p column)",
     ),
     "tpu-v7x": ChipSpec(
         target="tpu-v7x",
@@ -122,6 +139,9 @@ CHIPS: dict[str, ChipSpec] = {
         dims=3,
         source="https://cloud.google.com/tpu/docs/tpu7x",
         kernel=KernelFacts("tpu7x", **_KERNEL_256),
+        # "HBM bandwidth per chip (GBps): 7380" (shared by the chip's two TensorCores)
+        hbm_bandwidth_bytes_per_s=7380e9,
+        bandwidth_source="https://cloud.google.com/tpu/docs/tpu7x",
     ),
 }
 

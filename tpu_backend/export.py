@@ -24,7 +24,8 @@ from .artifact.format import PLATFORMS
 from .artifact.specs import ArtifactTensorSpec
 from .sharding import MeshSpec, PartitionRules, named_sharding
 
-__all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS"]
+__all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS",
+           "state_inputs", "donated_inputs"]
 
 _INT32_MAX = 2**31 - 1
 
@@ -222,7 +223,11 @@ def _export_signature(sig, lo, weights, platforms, mesh, rules, weight_shardings
     w_sds = [jax.ShapeDtypeStruct(tuple(weights[w].shape), name_to_numpy(torch_to_name(weights[w].dtype)))
              for w in lo.weight_names]
 
-    jit_kw: dict = {"keep_unused": True}
+    # State (an input and an output of the same name, shape and dtype: an LLM's KV cache) is donated, so the
+    # module aliases each such input to an output (tf.aliasing_output) and a runtime that donates the buffer
+    # gets it updated in place instead of a second copy. jax pairs donated inputs with same-typed outputs in
+    # order; state_inputs lists them in output order, so each is aliased to its own-named output.
+    jit_kw: dict = {"keep_unused": True, "donate_argnums": tuple(1 + i for i in state_inputs(inputs, outputs))}
     if mesh is not None:
         am = mesh.abstract()
         jit_kw["in_shardings"] = (
@@ -303,3 +308,30 @@ def _jax_shape(spec, rename, scope, sig_name):
             f"signature {sig_name!r}: input {spec.name!r} has dynamic shape {list(spec.shape)} that jax "
             f"cannot express as a symbolic shape ({e}). Fix: give that dim a plain torch.export.Dim."
         ) from e
+
+
+def state_inputs(inputs, outputs) -> list[int]:
+    """Indices of the inputs that are state: an output has the same name, shape and dtype (KV caches)."""
+    out = {s.name: (tuple(s.shape), s.dtype) for s in outputs}
+    return [i for i, s in enumerate(inputs) if out.get(s.name) == (tuple(s.shape), s.dtype)]
+
+
+_ALIAS = re.compile(r"tf\.aliasing_output = (\d+)")
+
+
+def donated_inputs(exported, num_weights: int) -> dict[int, int]:
+    """{input index: output index} of the inputs the exported module aliases to an output (donated
+    buffers), read from the module itself, so an artifact says what it donates without a manifest field
+    (a loader that does not donate runs it the same, with a copy). The module's arguments are an optional
+    platform index, then ``num_weights`` weights, then the inputs."""
+    text = exported.mlir_module()
+    start = text.index("func.func public @main(")
+    head = text[start: text.index("\n", start)]  # the signature is one line of the printed module
+    args = re.split(r"%arg\d+: ", head)[1:]
+    args = args[len(args) - len(exported.in_avals):]  # drop the platform index argument if there is one
+    found = {}
+    for j, a in enumerate(args[num_weights:]):
+        m = _ALIAS.search(a)
+        if m:
+            found[j] = int(m.group(1))
+    return found

@@ -127,16 +127,39 @@ class TpuProgram:
 
     def __call__(self, *args, signature_name: str | None = None, **kwargs):
         sig = self.signature(signature_name)
-        xs = self._convert(sig, self._flatten(sig, args, kwargs))
+        leaves = [numpy_to_torch(np.asarray(o)) for o in self._run(sig, args, kwargs)]
+        return structure.unflatten(sig.output_structure, leaves)
+
+    def run_on_device(self, *args, signature_name: str | None = None, **kwargs):
+        """Like calling the program, but the outputs stay jax arrays on the device, and an input given as a
+        jax array (e.g. a KV cache this returned) is passed as it is, with no host round trip. Inputs the
+        module aliases to outputs (state, such as KV caches: see ``donated_inputs``) are donated: a jax array
+        given for one is consumed (deleted) and its output reuses the buffer, the cache updated in place."""
+        sig = self.signature(signature_name)
+        return structure.unflatten(sig.output_structure, list(self._run(sig, args, kwargs)))
+
+    def _run(self, sig, args, kwargs) -> list:
+        import jax
+
+        flat = self._flatten(sig, args, kwargs)
+        on_dev = {i: x for i, x in enumerate(flat) if isinstance(x, jax.Array)}
+        for i, x in on_dev.items():  # the device arrays' shapes and dtypes are checked, their values are not
+            spec = sig.inputs[i]
+            want = (tuple(spec.shape), spec.dtype)
+            if spec.is_dynamic or (tuple(x.shape), str(x.dtype)) != want:
+                raise InputValueError(f"input {spec.name!r} is a device array {list(x.shape)} {x.dtype}; signature "
+                                      f"{sig.name!r} takes {list(spec.shape)} {spec.dtype} (pass a host array "
+                                      f"to have it checked and cast)")
+        xs = self._convert(sig, flat, skip=set(on_dev))
+        for i, x in on_dev.items():
+            xs[i] = x
         with x64_scope(self._x64):
             runner = self._runner(sig, [list(x.shape) for x in xs])
             if runner.stored or self.mesh is not None:
-                xs = [self._put_input(spec, x) for spec, x in zip(sig.inputs, xs)]
+                xs = [x if i in on_dev else self._put_input(spec, x) for i, (spec, x) in enumerate(zip(sig.inputs, xs))]
             # else: jit's C++ dispatch moves numpy inputs to the (single) device itself, cheaper
             # than a Python-level device_put per input (a third of a small model's call time).
-            outs = runner(self._weight_list(sig), xs)
-        leaves = [numpy_to_torch(np.asarray(o)) for o in outs]
-        return structure.unflatten(sig.output_structure, leaves)
+            return runner(self._weight_list(sig), xs)
 
     def _weight_list(self, sig) -> list:
         ws = self._weight_lists.get(sig.name)
@@ -160,10 +183,17 @@ class TpuProgram:
             got = self._check_specs[sig.name] = ([s.name for s in sig.inputs], [s.check_spec for s in sig.inputs])
         return got
 
-    def _convert(self, sig, flat) -> list:
+    def _convert(self, sig, flat, skip=frozenset()) -> list:
         """The one input check the edge Model runs too (names, rank, dims, dim ranges, dtype casts,
-        embedding ids), then what only a mesh adds: each sharded dim splits over its mesh axis."""
-        xs = check_inputs(sig.name, self._input_checks(sig)[1], flat, sig.dim_ranges)
+        embedding ids), then what only a mesh adds: each sharded dim splits over its mesh axis.
+        ``skip``: indices of device arrays, checked by the caller (their values stay on the device)."""
+        specs = self._input_checks(sig)[1]
+        if skip:
+            keep = [i for i in range(len(flat)) if i not in skip]
+            checked = iter(check_inputs(sig.name, [specs[i] for i in keep], [flat[i] for i in keep], sig.dim_ranges))
+            xs = [flat[i] if i in skip else next(checked) for i in range(len(flat))]
+        else:
+            xs = check_inputs(sig.name, specs, flat, sig.dim_ranges)
         if self.mesh_spec is not None:
             for spec, a in zip(sig.inputs, xs):
                 for i, e in enumerate(spec.sharding or ()):
@@ -241,7 +271,11 @@ class _JitRunner:
     def __init__(self, sig):
         import jax
 
-        self.fn = jax.jit(sig.exported.call, keep_unused=True)
+        from .export import donated_inputs
+
+        # Inputs the module aliases to outputs (KV caches) are donated: updated in place, no second buffer.
+        donate = tuple(1 + i for i in donated_inputs(sig.exported, len(sig.weight_names)))
+        self.fn = jax.jit(sig.exported.call, keep_unused=True, donate_argnums=donate)
 
     def __call__(self, weights, xs):
         return self.fn(weights, *xs)

@@ -1,0 +1,210 @@
+"""The LLM's TPU artifact (tpu_backend.llm): KV caches donated and updated in place on PJRT CPU with the same 32
+greedy tokens as transformers; the flash-decoding Pallas kernel (interpret mode on CPU against the XLA path, and
+AOT-compiled for v6e through libtpu); the per-step report (bytes per decode token against the lower bound, prefill
+MFU, unknown figures kept unknown); bf16 and weight-only int8 artifacts against the float model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import tpu_backend  # noqa: E402
+from converter.llm import prepare_lm  # noqa: E402
+from tests.numerics import rel_err  # noqa: E402
+from tpu_backend.export import donated_inputs  # noqa: E402
+from tpu_backend.llm import OnDeviceLM, export_lm, lm_report  # noqa: E402
+from tpu_export.generate import greedy_generate  # noqa: E402
+
+CACHE = 64
+NEW = 32
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    prog, spec = prepare_lm(hf, prefill_lengths=(8, 16), cache_len=CACHE)
+    return hf, prog, spec
+
+
+def _prompt(n):
+    return torch.randint(3, 128, (1, n), generator=torch.Generator().manual_seed(n))
+
+
+def test_caches_are_donated_and_generation_matches_transformers(llama, tmp_path):
+    hf, prog, spec = llama
+    bundle, spec = export_lm(prog, spec, platforms=("tpu", "cpu"))
+    for sig in bundle.signatures.values():
+        # the StableHLO itself aliases every cache argument to the output of the same name
+        outs = [s.name for s in sig.outputs]
+        aliased = {sig.inputs[i].name: outs[o] for i, o in donated_inputs(sig.exported, len(sig.weight_names)).items()}
+        assert aliased == {n: n for n in spec.names()}
+        assert sig.exported.mlir_module().count("tf.aliasing_output") == len(spec.names())
+    bundle.save(str(tmp_path / "llm.tpuexp"))
+    rt = OnDeviceLM(tpu_backend.load(str(tmp_path / "llm.tpuexp")))
+    ids = _prompt(11)
+    with torch.no_grad():
+        want = hf.generate(ids, do_sample=False, max_new_tokens=NEW)[0, 11:].tolist()
+    assert greedy_generate(rt, spec, ids, NEW) == want
+
+    # in place: a decode step consumes the cache buffers it is given and returns its caches in the same memory
+    out = rt(torch.zeros(1, 8, dtype=torch.int32), torch.arange(8, dtype=torch.int32), signature_name="prefill_8",
+             **spec.zeros())
+    given = {n: out[n] for n in spec.names()}
+    ptrs = {n: a.unsafe_buffer_pointer() for n, a in given.items()}
+    step = rt(torch.tensor([[5]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32), signature_name="decode",
+              **given)
+    assert all(a.is_deleted() for a in given.values())
+    assert {n: step[n].unsafe_buffer_pointer() for n in spec.names()} == ptrs
+
+
+def test_device_array_of_the_wrong_shape_is_refused(llama):
+    import jax.numpy as jnp
+
+    _, prog, spec = llama
+    bundle, spec = export_lm(prog, spec, platforms=("cpu",), signatures=["decode"])
+    caches = {n: jnp.zeros(spec.shape) for n in spec.names()}
+    caches["kv_cache_v_1"] = jnp.zeros((1, 2, CACHE + 1, 16))
+    with pytest.raises(ValueError, match=r"input 'kv_cache_v_1' is a device array \[1, 2, 65, 16\] float32; "
+                                         r"signature 'decode' takes \[1, 2, 64, 16\] float32"):
+        OnDeviceLM(bundle)(torch.tensor([[5]], dtype=torch.int32), torch.tensor([8], dtype=torch.int32),
+                           signature_name="decode", **caches)
+
+
+@pytest.mark.parametrize("b, hq, hkv, s, d, window, dtype", [
+    (1, 4, 2, 256, 64, None, "float32"),     # GQA, one cache block
+    (2, 8, 2, 2048, 128, None, "float32"),   # batch 2 at different positions, 2 blocks of 1024
+    (1, 4, 4, 512, 64, 100, "float32"),      # a sliding window: visible slots start past block 0
+    (1, 8, 2, 1024, 64, None, "bfloat16"),
+])
+def test_decode_kernel_matches_xla_in_interpret_mode(b, hq, hkv, s, d, window, dtype):
+    import jax.numpy as jnp
+
+    from tpu_backend.pallas.config import PallasConfig
+    from tpu_backend.pallas.decode_attention import decode_attention
+    from tpu_backend.pallas.sdpa import xla_attention
+
+    rng = np.random.default_rng(s)
+    dt = jnp.dtype(dtype)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), dt) for shape in
+               [(b, hq, 1, d), (b, hkv, s, d), (b, hkv, s, d)])
+    pos = np.array([s - 700, 3][:b]) if b == 2 else np.array([s // 2 + 37])
+    slots = np.arange(s)[None, :]
+    visible = slots <= pos[:, None]
+    if window:
+        visible &= slots > pos[:, None] - window
+    mask = jnp.asarray(np.where(visible, 0.0, np.finfo(np.float32).min)[:, None, None, :], dt)
+    want = xla_attention(q, k, v, mask=mask)
+    got = decode_attention(q, k, v, mask, config=PallasConfig(mode=True, interpret=True))
+    err = rel_err(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    # float32: the same float32 online softmax; bfloat16: the kernel scales q in bf16 (one rounding), XLA the logits
+    assert err <= (1e-5 if dtype == "float32" else 1e-2), err
+
+
+def test_decode_signature_interpret_matches_xla(llama):
+    from tpu_backend.pallas.config import PallasConfig
+
+    _, prog, spec = llama
+    kernel, _ = export_lm(prog, spec, platforms=("cpu",), signatures=["decode"],
+                          use_pallas=PallasConfig(mode=True, interpret=True))
+    xla, _ = export_lm(prog, spec, platforms=("cpu",), signatures=["decode"])
+    gen = torch.Generator().manual_seed(1)
+    caches = {n: torch.randn(spec.shape, generator=gen) for n in spec.names()}
+    args = (torch.tensor([[5]], dtype=torch.int32), torch.tensor([40], dtype=torch.int32))
+    a, b = kernel(*args, signature_name="decode", **caches), xla(*args, signature_name="decode", **caches)
+    assert rel_err(a["logits"], b["logits"]) <= 1e-5
+
+
+def test_decode_kernel_aot_compiles_for_v6e_and_the_report(llama, tmp_path):
+    pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
+    _, prog, spec = llama
+    bundle, spec = export_lm(prog, spec, dtype="bfloat16", platforms=("tpu", "cpu"), use_pallas=True)
+    text = bundle.signatures["decode"].exported.mlir_module()
+    assert text.count('"tpu_export_decode_attention') >= 2, "one decode kernel per layer in the TPU branch"
+    assert "tpu_export_decode_attention" not in bundle.signatures["prefill_8"].exported.mlir_module()
+    compiled = bundle.compile_for("tpu-v6e")
+    rep = compiled.report["llm"]
+    dec = rep["decode"]
+    lb = dec["lower_bound_bytes_per_step"]
+    weights = sum(bundle.weights[w].numel() * bundle.weights[w].element_size()
+                  for w in bundle.signatures["decode"].weight_names)  # the decode step's (bf16) weights
+    assert lb["weights"] == weights and lb["kv_cache_read"] == 4 * 2 * CACHE * 16 * 2  # 4 caches, bf16
+    assert dec["ratio_to_lower_bound"] == pytest.approx(dec["bytes_per_token"] / dec["lower_bound_bytes_per_token"])
+    assert dec["ratio_to_lower_bound"] >= 1.0
+    assert dec["tokens_per_s_per_chip"] == pytest.approx(1638e9 / dec["bytes_per_token"])
+    pre = rep["prefill_8"]
+    assert pre["tokens"] == 8 and pre["flops"] > 0 and 0 < pre["mfu_at_roofline"] <= 1
+    # written with the artifact's report.json
+    from tpu_backend.artifact.load import read_artifact
+
+    bundle.save(str(tmp_path / "llm.tpuexp"))
+    (saved,) = read_artifact(str(tmp_path / "llm.tpuexp")).reports().values()
+    assert saved["llm"]["decode"]["ratio_to_lower_bound"] == pytest.approx(dec["ratio_to_lower_bound"])
+
+
+def test_report_keeps_unknown_figures_unknown(llama):
+    _, prog, spec = llama
+    bundle, _ = export_lm(prog, spec, platforms=("cpu",))
+    cost = {"flops": {"per_device": 1e6, "per_chip": 1e6}, "bytes_accessed": {"per_device": -1.0, "per_chip": -1.0},
+            "optimal_seconds": {"value": -3.0}}
+    report = {"chips_used": 1, "signatures": {"decode": {"cost": cost}, "prefill_8": {"cost": cost}}}
+    from tpu_backend.chips import CHIPS
+
+    rep = lm_report(bundle, report, CHIPS["tpu-v6e"])
+    assert rep["decode"]["bytes_per_token"] == {"value": None, "unknown": "XLA's cost analysis gave bytes accessed = "
+                                                "-1.0 (not known for this program)"}
+    assert rep["decode"]["ratio_to_lower_bound"]["value"] is None
+    assert rep["prefill_8"]["mfu_at_xla_estimate"]["unknown"].endswith("optimal_seconds = -3.0 (not known for this "
+                                                                       "program)")
+    assert rep["prefill_8"]["mfu_at_roofline"]["value"] is None
+    assert lm_report(bundle, {"signatures": {}}, None) is None
+
+
+def _teacher_forced_agreement(rt, spec, ids, ref_tokens):
+    """Top-1 agreement of ``rt`` with the float model's greedy tokens, fed the float model's own tokens (so one
+    flipped near-tie does not derail every later position)."""
+    n = ids.shape[1]
+    tokens = torch.zeros(1, 16, dtype=torch.int32)
+    tokens[0, :n] = ids[0]
+    out = rt(tokens, torch.arange(16, dtype=torch.int32), signature_name="prefill_16", **spec.zeros())
+    hits = [int(torch.as_tensor(out["logits"])[0, n - 1].argmax()) == ref_tokens[0]]
+    for i, tok in enumerate(ref_tokens[:-1]):
+        out = rt(torch.tensor([[tok]], dtype=torch.int32), torch.tensor([n + i], dtype=torch.int32),
+                 signature_name="decode", **{k: out[k] for k in spec.names()})
+        hits.append(int(torch.as_tensor(out["logits"])[0, 0].argmax()) == ref_tokens[i + 1])
+    return sum(hits) / len(hits)
+
+
+# Floors for a random-init tiny model, whose logits are nearly flat (gaps of a few 1e-3 between the top tokens):
+# any rounding flips some near-ties, so a floor of 100% would test the seed, not the scheme. Teacher-forced
+# agreement measured: bf16 and int8 1.0 with this seed; the floor leaves room for two near-ties in 32.
+FLOORS = {("float32", None): 1.0, ("bfloat16", None): 0.9, ("float32", "int8"): 0.9, ("bfloat16", "int8"): 0.9}
+
+
+@pytest.mark.parametrize("dtype, quant", sorted(FLOORS, key=str))
+def test_quantized_greedy_agreement_with_the_float_model(llama, dtype, quant):
+    hf, prog, spec = llama
+    ids = _prompt(11)
+    float_rt = OnDeviceLM(export_lm(prog, spec, platforms=("cpu",))[0])
+    ref = greedy_generate(float_rt, spec, ids, NEW)
+    bundle, qspec = export_lm(prog, spec, dtype=dtype, quant=quant, platforms=("cpu",))
+    if dtype == "bfloat16":
+        sig = bundle.signatures["decode"]
+        assert {s.dtype for s in sig.inputs if s.name.startswith("kv_cache_")} == {"bfloat16"}
+        assert [s.dtype for s in sig.outputs if s.name == "logits"] == ["float32"]
+    if quant:
+        assert bundle.quant == "weight_only_int8" and bundle.quantized_weights
+    rt = OnDeviceLM(bundle)
+    free = greedy_generate(rt, qspec, ids, NEW)
+    forced = _teacher_forced_agreement(rt, qspec, ids, ref)
+    prefix = next((i for i, (a, b) in enumerate(zip(free, ref)) if a != b), NEW)
+    print(f"{dtype} {quant}: teacher-forced top-1 agreement {forced:.3f}, free-running identical prefix "
+          f"{prefix}/{NEW}")
+    assert forced >= FLOORS[(dtype, quant)]
+    if (dtype, quant) == ("float32", None):
+        assert free == ref

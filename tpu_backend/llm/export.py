@@ -1,0 +1,53 @@
+"""An LLM Program (converter.llm.prepare_lm) -> TPU artifact: donated caches, float32 / bfloat16 / int8 weights."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..export import ExportError, donated_inputs, export_program
+
+__all__ = ["export_lm", "LM_DTYPES"]
+
+LM_DTYPES = (None, "float32", "bfloat16")
+
+
+def export_lm(prog, spec, *, dtype: str | None = None, quant=None, platforms=("tpu", "cpu"), use_pallas=False,
+              generation: str | None = None, **kw):
+    """Export every signature of ``prog`` (prefill_<L> and decode, from converter.llm.prepare_lm) and return
+    ``(bundle, spec)``, ``spec`` the CacheSpec the artifact's caches have (bf16 under dtype="bfloat16").
+
+    dtype: None / "float32", or "bfloat16": weights and compute bf16 and the caches stored bf16 (half the bytes a
+        decode step reads), logits float32;
+    quant: None or "int8" / "weight_only_int8" (tpu_backend.quant: linear and embedding weights int8 + scales);
+    use_pallas / generation: as ``export_program`` (the decode signature takes the flash-decoding kernel on TPU).
+    Every ``kv_cache_*`` input is donated: the exported module aliases it to its output (checked here)."""
+    if dtype not in LM_DTYPES:
+        raise ExportError(f"LLM dtype {dtype!r} is not supported; choose from {[d for d in LM_DTYPES if d]}")
+    dtype = None if dtype == "float32" else dtype
+    if dtype == "bfloat16":
+        prog, spec = _bf16_caches(prog, spec), dataclasses.replace(spec, dtype=torch.bfloat16)
+    bundle = export_program(prog, platforms=platforms, dtype=dtype, quant=quant, use_pallas=use_pallas,
+                            generation=generation, **kw)
+    names = set(spec.names())
+    for sig in bundle.signatures.values():
+        donated = donated_inputs(sig.exported, len(sig.weight_names))
+        missed = sorted(s.name for i, s in enumerate(sig.inputs) if s.name in names and i not in donated)
+        if missed:
+            raise ExportError(f"signature {sig.name!r}: caches {missed} are not aliased to their outputs; each must "
+                              f"be an input and an output of the same name, shape and dtype")
+    return bundle, spec
+
+
+def _bf16_caches(prog, spec):
+    """The program with its cache inputs and outputs declared bfloat16 (same graphs, same weights): under
+    dtype="bfloat16" the lowering computes in bf16 anyway, so the caches cross the boundary at that size."""
+    names = set(spec.names())
+
+    def bf16(specs):
+        return [dataclasses.replace(s, dtype=torch.bfloat16) if s.name in names else s for s in specs]
+
+    sigs = {n: dataclasses.replace(s, inputs=bf16(s.inputs), outputs=bf16(s.outputs))
+            for n, s in prog.signatures.items()}
+    return dataclasses.replace(prog, signatures=sigs)

@@ -1,0 +1,110 @@
+"""Per-step figures of a compiled LLM artifact (converter.llm's cache protocol) from XLA's cost analysis.
+
+decode: the bytes a step accesses per generated token against the lower bound (every stored weight read once,
+plus the KV cache read at the cache length the step was compiled for, plus the new token's K/V written), their
+ratio, and the tokens/s per chip those bytes imply at the chip's HBM bandwidth (a decode step is memory bound).
+The compiled step has static shapes, so XLA counts the whole cache: the figures are those of the last step (the
+cache full). The decode kernel reads only the slots up to the position, so earlier steps read less.
+
+prefill_<L>: XLA's FLOPs and bytes, the step time at the roofline (max of FLOPs at the bf16 peak and bytes at the
+HBM bandwidth) and MFU = FLOPs / (that time x peak); and the MFU of XLA's own estimated step time
+(``optimal_seconds``). A figure XLA does not know (zero, negative, missing) is recorded as unknown with the reason,
+never as a number.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["lm_report", "cache_inputs", "unknown"]
+
+
+def unknown(reason: str) -> dict:
+    return {"value": None, "unknown": reason}
+
+
+def cache_inputs(sig) -> list:
+    """The signature's state inputs named ``kv_cache_*`` (an input and an output of the same name and shape)."""
+    outs = {s.name: tuple(s.shape) for s in sig.outputs}
+    return [s for s in sig.inputs if s.name.startswith("kv_cache_") and outs.get(s.name) == tuple(s.shape)]
+
+
+def _nbytes(shape, dtype_name) -> int:
+    from ..artifact.dtypes import name_to_numpy
+
+    return math.prod(int(d) for d in shape) * name_to_numpy(dtype_name).itemsize
+
+
+def _known(v, what: str):
+    if v is None:
+        return unknown(f"XLA's cost analysis has no {what}")
+    if not v > 0:
+        return unknown(f"XLA's cost analysis gave {what} = {v} (not known for this program)")
+    return v
+
+
+def lm_report(bundle, report: dict, chip=None) -> dict | None:
+    """The LLM section of a compiled target's report (``report``: aot.build_report's dict), or None when the bundle
+    has no ``decode`` signature with ``kv_cache_*`` state. Figures are per chip (one chip: the whole program)."""
+    sigs = report.get("signatures", {})
+    dec = bundle.signatures.get("decode")
+    if dec is None or "decode" not in sigs or not cache_inputs(dec):
+        return None
+    chips = report.get("chips_used") or 1
+    bw = getattr(chip, "hbm_bandwidth_bytes_per_s", None) if chip else None
+    peak = chip.peak_bf16_flops_per_chip if chip else None
+    out = {"scope": "per chip; decode at the cache length compiled for (the last step, cache full)",
+           "hbm_bandwidth_bytes_per_s": bw, "bandwidth_source": getattr(chip, "bandwidth_source", None),
+           "decode": _decode(bundle, dec, sigs["decode"], chips, bw)}
+    for name in sorted(sigs):
+        if name.startswith("prefill_") and name in bundle.signatures:
+            out[name] = _prefill(bundle.signatures[name], sigs[name], peak, bw)
+    return out
+
+
+def _decode(bundle, sig, entry, chips, bw) -> dict:
+    caches = cache_inputs(sig)
+    batch, cache_len = int(caches[0].shape[0]), int(caches[0].shape[2])
+    weights = sum(bundle.weights[w].numel() * bundle.weights[w].element_size() for w in sig.weight_names)
+    kv_read = sum(_nbytes(s.shape, s.dtype) for s in caches)
+    kv_write = kv_read // cache_len  # one new slot per cache tensor
+    lower = (weights + kv_read + kv_write) / chips
+    got = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
+                 "bytes accessed")
+    res = {
+        "batch": batch, "cache_len": cache_len, "cache_dtype": caches[0].dtype,
+        "lower_bound_bytes_per_step": {"weights": weights / chips, "kv_cache_read": kv_read / chips,
+                                       "kv_cache_write": kv_write / chips, "total": lower},
+        "lower_bound_bytes_per_token": lower / batch,
+        "bytes_accessed_per_step": got,
+    }
+    if isinstance(got, dict):
+        res.update(bytes_per_token=got, ratio_to_lower_bound=got, tokens_per_s_per_chip=got)
+    else:
+        res.update(bytes_per_token=got / batch, ratio_to_lower_bound=got / lower,
+                   tokens_per_s_per_chip=batch * bw / got if bw else unknown("the chip's HBM bandwidth is not known"))
+    res["tokens_per_s_per_chip_at_lower_bound"] = batch * bw / lower if bw else unknown(
+        "the chip's HBM bandwidth is not known")
+    return res
+
+
+def _prefill(sig, entry, peak, bw) -> dict:
+    tokens = int(sig.inputs[0].shape[0]) * int(sig.inputs[0].shape[1]) if len(sig.inputs[0].shape) == 2 else None
+    flops = _known(entry["cost"]["flops"].get("per_chip", entry["cost"]["flops"]["per_device"]), "flops")
+    nbytes = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
+                    "bytes accessed")
+    opt = _known(entry["cost"]["optimal_seconds"]["value"], "optimal_seconds")
+    res = {"tokens": tokens, "flops": flops, "bytes_accessed": nbytes, "xla_optimal_seconds": opt,
+           "peak_bf16_flops_per_chip": peak}
+    if isinstance(flops, dict) or isinstance(nbytes, dict) or not peak or not bw:
+        why = "FLOPs, bytes, the bf16 peak or the HBM bandwidth is not known"
+        res.update(roofline_seconds=unknown(why), mfu_at_roofline=unknown(why))
+    else:
+        t = max(flops / peak, nbytes / bw)
+        res.update(roofline_seconds=t, bound="compute" if flops / peak >= nbytes / bw else "memory",
+                   mfu_at_roofline=flops / (t * peak))
+    if isinstance(opt, dict) or isinstance(flops, dict) or not peak:
+        res["mfu_at_xla_estimate"] = opt if isinstance(opt, dict) else unknown("FLOPs or the bf16 peak is not known")
+    else:
+        res["mfu_at_xla_estimate"] = flops / (opt * peak)
+    return res
