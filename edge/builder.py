@@ -1,19 +1,35 @@
 """The LiteRT flatbuffer writer: buffers, tensors, operator codes, subgraphs, signature defs.
 
 Built on the object API of ``ai_edge_litert.schema_py_generated`` and packed with
-``flatbuffers.Builder``. Buffer data goes in as numpy arrays (one memcpy each, 16-byte
-aligned as the schema's ``force_align`` asks), and identical buffers are stored once, so
-weights shared by several signatures, or repeated constants, cost their bytes once.
+``flatbuffers.Builder``. Buffer data goes in as numpy arrays, held by reference (a weight is a
+view of the torch parameter, not a copy) until it is written (16-byte aligned as the schema's
+``force_align`` asks); identical buffers are stored once, so weights shared by several
+signatures, or repeated constants, cost their bytes once.
+
+Two file forms (``ModelBuilder.write``): the classic one, every buffer inside the flatbuffer
+(``finish`` returns it as bytes), and past the flatbuffer's 2 GiB limit the schema's large-model
+form: the flatbuffer holds no weight bytes, each Buffer carries ``offset`` / ``size`` (from the
+start of the file) and the data follows the flatbuffer, 16-byte aligned, streamed into the file
+one buffer at a time. TFLite's own converter and ai-edge-quantizer write the same layout
+(placeholders offset=1/size=1 packed first, patched once the flatbuffer's length is known).
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 
 import numpy as np
 
 __all__ = ["schema", "ModelBuilder", "SubgraphBuilder", "options", "TENSOR_TYPE", "NP_DTYPE", "type_names",
-           "builtin_names"]
+           "builtin_names", "CLASSIC_LIMIT"]
+
+# A flatbuffer's offsets are 32-bit signed: flatbuffers.Builder refuses to grow past 2 GiB. Past
+# this many bytes (data plus a margin for the tables) a model is written in the large-model form.
+CLASSIC_LIMIT = (1 << 31) - (64 << 20)
+# Arrays smaller than this are copied when added (cheap, and safe against a caller that reuses
+# its array); larger ones are held by reference until written.
+_COPY_BELOW = 1 << 16
 
 _SCHEMA = None
 
@@ -60,26 +76,68 @@ def options(kind: str, **fields):
     return getattr(s.BuiltinOptions, f"{kind}Options"), obj
 
 
-class _AlignedBuffer:
-    """A BufferT stand-in whose Pack writes its bytes 16-byte aligned in one copy."""
+def _raw(array) -> np.ndarray:
+    """The bytes of ``array`` in C order as a flat uint8 array, without a copy when it is
+    contiguous (a torch parameter's numpy view stays a view)."""
+    a = np.ascontiguousarray(array)
+    raw = a.reshape(-1).view(np.uint8)
+    return raw.copy() if raw.nbytes < _COPY_BELOW else raw
 
-    def __init__(self, data: bytes | None):
-        self.data = data
+
+class _AlignedBuffer:
+    """A BufferT stand-in whose Pack writes its bytes 16-byte aligned in one copy; in the
+    large-model form (``external``) it packs offset/size placeholders instead of the data."""
+
+    def __init__(self, data):
+        self.data = data  # None, bytes or a flat uint8 array
+        self.external = False
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else len(self.data)
 
     def Pack(self, builder):  # noqa: N802 - the object API's method name
         s = schema()
         vec = None
-        if self.data:
-            n = len(self.data)
+        n = self.nbytes
+        if n and not self.external:
             builder.StartVector(1, n, 16)
             builder.head = builder.head - n
-            builder.Bytes[builder.head : builder.head + n] = self.data
+            skipped = getattr(builder, "tpu_export_skipped", None)
+            if skipped is None:
+                builder.Bytes[builder.head : builder.head + n] = memoryview(self.data)
+            else:  # streaming: leave the (untouched, zero) pages alone; write() puts the data there
+                skipped.append((len(builder.Bytes) - builder.head, self))
             builder.vectorNumElems = n
             vec = builder.EndVector()
         s.BufferStart(builder)
         if vec is not None:
             s.BufferAddData(builder, vec)
+        if n and self.external:
+            # non-default placeholders, so both uint64 fields are packed and can be patched in place
+            s.BufferAddOffset(builder, 1)
+            s.BufferAddSize(builder, 1)
         return s.BufferEnd(builder)
+
+
+_STREAM_BUILDER = None
+
+
+def _stream_builder():
+    """flatbuffers.Builder with a slot for the spans it skipped (Builder has __slots__)."""
+    global _STREAM_BUILDER
+    if _STREAM_BUILDER is None:
+        import flatbuffers
+
+        class StreamBuilder(flatbuffers.Builder):
+            __slots__ = ("tpu_export_skipped",)
+
+        _STREAM_BUILDER = StreamBuilder
+    return _STREAM_BUILDER
+
+
+def _align16(n: int) -> int:
+    return (n + 15) & ~15
 
 
 class ModelBuilder:
@@ -95,8 +153,11 @@ class ModelBuilder:
         self.metadata: dict[str, bytes] = {}
 
     def buffer(self, array: np.ndarray) -> int:
-        data = np.asarray(array).tobytes(order="C")
+        from converter.lazy_weights import drop_pages
+
+        data = _raw(array)
         digest = hashlib.blake2b(data, digest_size=20).digest() + str(len(data)).encode()
+        drop_pages(data)  # a weight mapped from disk: hashing paged it in; give the pages back
         idx = self._buffer_by_digest.get(digest)
         if idx is None:
             idx = len(self.buffers)
@@ -134,9 +195,13 @@ class ModelBuilder:
         sd.outputs = [_tensor_map(n, i) for n, i in outputs]
         self.signature_defs.append(sd)
 
-    def finish(self) -> bytes:
-        import flatbuffers
+    def data_bytes(self) -> int:
+        """Bytes of buffer data held so far (weights and constants, each stored once)."""
+        return sum(b.nbytes for b in self.buffers)
 
+    def _model(self, external: bool):
+        """(ModelT, its buffers) with the metadata entries added; ``external``: weight buffers
+        pack offset/size placeholders (the large-model form)."""
         s = schema()
         model = s.ModelT()
         model.version = 3
@@ -150,21 +215,123 @@ class ModelBuilder:
             codes.append(oc)
         model.operatorCodes = codes
         model.subgraphs = [sg.to_object() for sg in self.subgraphs]
+        buffers = list(self.buffers)
+        for b in buffers:
+            b.external = external and b.nbytes > 0
         meta = []
         for name, data in self.metadata.items():
             m = s.MetadataT()
             m.name = name
-            m.buffer = len(self.buffers)
-            self.buffers.append(_AlignedBuffer(data))
+            m.buffer = len(buffers)
+            buffers.append(_AlignedBuffer(data))  # small JSON, kept inside the flatbuffer in both forms
             meta.append(m)
         model.metadata = meta or None
-        model.buffers = self.buffers
+        model.buffers = buffers
         model.signatureDefs = self.signature_defs
-        size = sum(len(b.data or b"") for b in self.buffers)
-        fb = flatbuffers.Builder(size + 1024 * 1024)
-        fb.Finish(model.Pack(fb), file_identifier=b"TFL3")
-        return bytes(fb.Output())
+        return model, buffers
 
+    def _pack(self, external: bool, stream: bool = False):
+        """Pack the model with flatbuffers.Builder. ``stream``: the builder works in an anonymous
+        memory map sized for the whole model and skips the buffer data (its pages stay untouched,
+        so they cost no memory); the skipped spans are listed in ``tpu_export_skipped`` as
+        (offset from the end, buffer) for ``write`` to fill from the arrays."""
+        import mmap
+
+        import flatbuffers
+
+        model, buffers = self._model(external)
+        size = sum(b.nbytes for b in buffers if not b.external)
+        if stream:
+            n_objects = sum(len(sg.tensors) + len(sg.operators) for sg in self.subgraphs)
+            cap = size + 16 * len(buffers) + (64 << 20) + 512 * n_objects
+            cap = min(cap, flatbuffers.Builder.MAX_BUFFER_SIZE)
+            fb = _stream_builder()(0)
+            fb.Bytes = mmap.mmap(-1, cap)  # zero pages, allocated only where the tables are written
+            fb.head = cap
+            fb.tpu_export_skipped = []
+        else:
+            fb = flatbuffers.Builder(size + 1024 * 1024)
+        fb.Finish(model.Pack(fb), file_identifier=b"TFL3")
+        for b in buffers:
+            b.external = False
+        return fb, buffers
+
+    def finish(self) -> bytes:
+        """The classic form as bytes (the whole model in memory; under 2 GiB only)."""
+        return bytes(self._pack(False)[0].Output())
+
+    def is_large(self) -> bool:
+        """Whether the classic form would pass the flatbuffer's 2 GiB limit."""
+        return self.data_bytes() + sum(len(v) for v in self.metadata.values()) > CLASSIC_LIMIT
+
+    def write(self, f, *, large: bool | None = None, progress=None, release=None) -> int:
+        """Write the model to the binary file ``f``; returns the bytes written.
+
+        ``large=None`` picks the large-model form only when the classic one cannot hold the data;
+        ``large=False`` gives the bytes ``finish`` returns. Either way the weights are streamed
+        from their arrays into ``f``, never gathered into one bytes object: the classic form's
+        tables are packed around the (skipped) data spans, the large form's flatbuffer holds no
+        weight bytes at all. ``progress(done_bytes, total_bytes, done_buffers, total_buffers)``
+        is called as buffers are written, ``release(array)`` once an array's bytes are written
+        (it may free them)."""
+        if large is None:
+            large = self.is_large()
+        if not large:
+            return self._write_classic(f, progress, release)
+        fb, buffers = self._pack(True)
+        head = bytearray(fb.Output())
+        del fb
+        m = schema().Model.GetRootAs(head, 0)
+        pos = _align16(len(head))
+        layout = []
+        for i, b in enumerate(buffers):
+            if not b.nbytes or i >= len(self.buffers):
+                continue
+            tab = m.Buffers(i)._tab
+            for slot, value in ((6, pos), (8, b.nbytes)):  # vtable offsets of Buffer.offset, Buffer.size
+                struct.pack_into("<Q", head, tab.Pos + tab.Offset(slot), value)
+            layout.append((pos, b))
+            pos = _align16(pos + b.nbytes)
+        f.write(head)
+        written, total = len(head), sum(b.nbytes for _, b in layout)
+        done = 0
+        for k, (at, b) in enumerate(layout):
+            f.write(b"\0" * (at - written))
+            f.write(b.data)
+            written = at + b.nbytes
+            done += b.nbytes
+            self._written(b, release)
+            if progress is not None:
+                progress(done, total, k + 1, len(layout))
+        return written
+
+    def _written(self, b, release) -> None:
+        from converter.lazy_weights import drop_pages
+
+        data, b.data = b.data, None  # written once; the builder no longer keeps the array alive
+        drop_pages(data)
+        if release is not None:
+            release(data)
+
+    def _write_classic(self, f, progress, release) -> int:
+        fb, _ = self._pack(False, stream=True)
+        end, start = len(fb.Bytes), fb.Head()
+        spans = sorted(((end - off - start, b) for off, b in fb.tpu_export_skipped), key=lambda t: t[0])
+        view = memoryview(fb.Bytes)[start:]
+        pos, done, total = 0, 0, sum(b.nbytes for _, b in spans)
+        for k, (at, b) in enumerate(spans):
+            f.write(view[pos:at])
+            n = b.nbytes
+            f.write(b.data)
+            pos = at + n
+            done += n
+            self._written(b, release)
+            if progress is not None:
+                progress(done, total, k + 1, len(spans))
+        f.write(view[pos:])
+        n = len(view)
+        view.release()
+        return n
 
 def _tensor_map(name: str, index: int):
     tm = schema().TensorMapT()

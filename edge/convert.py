@@ -1,4 +1,8 @@
-"""Program -> .tflite bytes: the support check first, then one subgraph per signature."""
+"""Program -> .tflite: the support check first, then one subgraph per signature.
+
+``convert_program`` returns the classic flatbuffer as bytes (small models, and every caller that
+wants bytes); ``write_program`` writes straight into a file, streaming the weights, in the
+large-model form past the flatbuffer's 2 GiB limit."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from .builder import ModelBuilder
 from .lower import SYM_OPS, lower_signature
 from .registry import EDGE
 
-__all__ = ["convert_program", "is_supported", "STRUCTURE_METADATA"]
+__all__ = ["convert_program", "write_program", "write_model", "lower_program", "is_supported", "STRUCTURE_METADATA"]
 
 # Metadata entry holding each signature's input/output pytree specs (JSON, never code).
 STRUCTURE_METADATA = "tpu_export.structure"
@@ -89,6 +93,19 @@ def _structure(prog, to_channel_last_io=None) -> bytes:
     return json.dumps(out).encode()
 
 
+def lower_program(prog, to_channel_last_io=None) -> ModelBuilder:
+    """Every signature lowered into a ModelBuilder (its weights held by reference, not yet written)."""
+    _decompose_unlowered(prog)
+    check_support(prog, "edge", is_supported)
+    model = ModelBuilder()
+    with torch.no_grad():
+        for sig in prog.signatures.values():
+            ins, outs = _channel_last_io(to_channel_last_io, sig.name)
+            lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
+    model.metadata[STRUCTURE_METADATA] = _structure(prog, to_channel_last_io)
+    return model
+
+
 def convert_program(prog, *, to_channel_last_io=None) -> bytes:
     """Lower every signature of ``prog`` to LiteRT builtins and write the flatbuffer.
 
@@ -98,12 +115,41 @@ def convert_program(prog, *, to_channel_last_io=None) -> bytes:
     no TRANSPOSE at all. Quantization is a second step over these float bytes
     (``edge.quantize``, through ai-edge-quantizer).
     """
-    _decompose_unlowered(prog)
-    check_support(prog, "edge", is_supported)
-    model = ModelBuilder()
-    with torch.no_grad():
-        for sig in prog.signatures.values():
-            ins, outs = _channel_last_io(to_channel_last_io, sig.name)
-            lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
-    model.metadata[STRUCTURE_METADATA] = _structure(prog, to_channel_last_io)
+    model = lower_program(prog, to_channel_last_io)
+    if model.is_large():
+        raise ValueError(f"the model holds {model.data_bytes() / 2**30:.2f} GiB of weights, past the 2 GiB a "
+                         ".tflite flatbuffer can hold in memory. Fix: write it to a file "
+                         "(litert_torch.convert(..., output_file_path='model.tflite') or edge.convert.write_program), "
+                         "which uses the large-model form")
     return model.finish()
+
+
+def write_program(prog, path, *, to_channel_last_io=None, large: bool | None = None, progress=None,
+                  release=None) -> str:
+    """Lower ``prog`` and write the .tflite to ``path`` atomically (temp file, then rename).
+
+    ``large``: None picks the large-model form (weights after the flatbuffer, Buffer.offset/size)
+    only past the 2 GiB limit, so a small model's file is byte-identical to ``convert_program``'s
+    bytes; True forces it. ``progress(msg)`` gets a line per 256 MiB written (tensors, bytes,
+    rate); ``release(array)`` runs once each weight array is in the file (it may free it).
+    Returns the absolute path written."""
+    return write_model(lower_program(prog, to_channel_last_io), path, large=large, progress=progress,
+                       release=release)
+
+
+def write_model(model: ModelBuilder, path, *, large: bool | None = None, progress=None, release=None) -> str:
+    """Write a lowered model to ``path`` atomically, streaming its weights (see ``write_program``)."""
+    import time
+
+    from converter.atomic import write_file
+
+    t0, step = time.perf_counter(), [0]
+
+    def report(done, total, k, n):
+        if progress is not None and (done - step[0] >= 256 << 20 or k == n):
+            step[0] = done
+            rate = done / max(time.perf_counter() - t0, 1e-6) / 2**20
+            progress(f"weights: {k}/{n} tensors, {done / 2**20:,.0f}/{total / 2**20:,.0f} MiB written "
+                     f"({rate:,.0f} MiB/s)")
+
+    return write_file(path, lambda f: model.write(f, large=large, progress=report, release=release))

@@ -14,7 +14,7 @@ import os
 import stat
 import struct
 
-__all__ = ["TfliteFormatError", "check_tflite", "read_tflite"]
+__all__ = ["TfliteFormatError", "check_tflite", "read_tflite", "map_tflite"]
 
 
 class TfliteFormatError(ValueError):
@@ -123,20 +123,45 @@ def read_tflite(path, *, check: bool = True) -> bytes:
     block or never end), opened without waiting for a writer, then ``check_tflite`` (``check=False``: for a
     caller that checks the bytes itself, as litert_torch.Model does)."""
     path = os.fspath(path)
+    f, size = _open_regular(path)
+    with f:
+        data = f.read(size + 1)
+    if len(data) != size:
+        raise TfliteFormatError(f"{path}: the file changed size while it was read")
+    if check:
+        check_tflite(data, path)
+    return data
+
+
+def _open_regular(path: str):
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise TfliteFormatError(f"{path}: cannot open the .tflite ({e.strerror or e})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise TfliteFormatError(f"{path}: not a regular file (a FIFO, device or socket); a .tflite is read "
-                                    "only from a plain file")
-        if st.st_size > _MAX_FILE:
-            raise TfliteFormatError(f"{path}: {st.st_size} bytes is larger than any .tflite this tool reads")
-        data = f.read(st.st_size + 1)
-    if len(data) != st.st_size:
-        raise TfliteFormatError(f"{path}: the file changed size while it was read")
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise TfliteFormatError(f"{path}: not a regular file (a FIFO, device or socket); a .tflite is read "
+                                "only from a plain file")
+    if st.st_size > _MAX_FILE:
+        f.close()
+        raise TfliteFormatError(f"{path}: {st.st_size} bytes is larger than any .tflite this tool reads")
+    return f, st.st_size
+
+
+def map_tflite(path, *, check: bool = False):
+    """A read-only memory map of the .tflite at ``path`` (a regular file; the weights are paged in
+    only when read, so a multi-GB model costs no memory to open). ``check``: run check_tflite,
+    which reads the flatbuffer's tables and the large-model form's offset/size fields, never the weights."""
+    import mmap
+
+    path = os.fspath(path)
+    f, size = _open_regular(path)
+    with f:
+        if size == 0:
+            raise TfliteFormatError(f"{path}: not a valid .tflite: the file is empty. {_FIX}")
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     if check:
         check_tflite(data, path)
     return data

@@ -25,13 +25,14 @@ class Converter:
         return self
 
     def convert(self, module=None, sample_args=None, sample_kwargs=None, *, strict_export="auto",
-                quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False):
+                quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False,
+                output_file_path=None, lightweight_conversion=False, delete_in_memory_params=False,
+                weights_loader=None, progress=None):
         from converter import prepare_many
         from converter.gc_pause import gc_paused
-        from edge import convert_program
         from edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
 
-        from ._model import Model
+        from ._large import check_memory, materialized, write_or_bytes
 
         quant = as_quant_config(quant_config)  # an unknown scheme fails before capture
         if calibration_data is not None and (quant is None or not quant.needs_calibration):
@@ -41,27 +42,57 @@ class Converter:
             self.signature("serving_default", module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes)
         if not self._requests:
             raise ValueError("nothing to convert: pass a module, or add signatures with .signature(...)")
-        with gc_paused():
+        modules = [r.module for r in self._requests]
+        to_file = output_file_path is not None or lightweight_conversion
+        check_memory(modules, to_file=to_file and quant is None, loader=weights_loader)
+        with materialized(modules, weights_loader, output_file_path, progress), gc_paused():
             prog = prepare_many(self._requests, strict=strict_export, enable_x64=enable_x64)
             # calibration samples are checked against the signatures before lowering
             feeds = calibration_feeds(prog, calibration_data) if quant is not None and quant.needs_calibration else None
-            tflite = convert_program(prog)
+            result = write_or_bytes(prog, modules, output_file_path=None if quant is not None else output_file_path,
+                                    lightweight=lightweight_conversion and quant is None,
+                                    delete_params=delete_in_memory_params, progress=progress)
         if quant is not None:
-            tflite = quantize_tflite(tflite, quant, feeds)
-        return Model(tflite)
+            result = quantize_tflite(result.tflite_model() if not isinstance(result, bytes) else result, quant, feeds)
+            if output_file_path is not None:
+                from ._model import Model
+
+                Model(result).export(output_file_path)
+                return Model(output_file_path)
+        if isinstance(result, bytes):
+            from ._model import Model
+
+            return Model(result)
+        return result
 
 
 def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto", quant_config=None,
-            calibration_data=None, dynamic_shapes=None, enable_x64=False):
+            calibration_data=None, dynamic_shapes=None, enable_x64=False, output_file_path=None,
+            lightweight_conversion=False, delete_in_memory_params=False, weights_loader=None, progress=None):
     """Convert ``module`` (called as module(*sample_args, **sample_kwargs)) to a LiteRT Model.
 
     ``quant_config``: a scheme name ("dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16",
     "static_int8"), a ``QuantConfig`` (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an
     ai-edge-quantizer recipe; ``calibration_data``: an iterable of sample-argument tuples (static int8).
+
+    Large models (litert-torch 0.10's names and meanings):
+    ``output_file_path``: write the .tflite there, streaming the weights into the file (no
+    whole-model bytes in memory), and return a Model that memory-maps it; past 2 GiB the file is
+    in the large-model form (weights after the flatbuffer). ``lightweight_conversion``: the same
+    streaming write into a temp file when no path is given (deleted with the Model).
+    ``delete_in_memory_params``: free each parameter's storage once its bytes are in the file
+    (the module is unusable afterwards). ``weights_loader``: a callable ``name -> tensor`` or a
+    dict giving parameter values by ``named_parameters()`` name; with the module built on the meta
+    device, weights are loaded one at a time into a file-backed map, never all in memory
+    (``converter.lazy_weights.safetensors_loader(folder)`` reads a model directory's shards).
+    ``progress(msg)``: a line per long step (weights written: tensors, MiB, MiB/s).
     """
     return Converter().convert(module, sample_args, sample_kwargs, strict_export=strict_export,
                                quant_config=quant_config, calibration_data=calibration_data,
-                               dynamic_shapes=dynamic_shapes, enable_x64=enable_x64)
+                               dynamic_shapes=dynamic_shapes, enable_x64=enable_x64,
+                               output_file_path=output_file_path, lightweight_conversion=lightweight_conversion,
+                               delete_in_memory_params=delete_in_memory_params, weights_loader=weights_loader,
+                               progress=progress)
 
 
 def signature(name: str, module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None) -> Converter:

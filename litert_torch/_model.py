@@ -36,10 +36,20 @@ class Model:
     """``model(*args, signature_name=..., **kwargs)`` runs a signature on the LiteRT interpreter
     (XNNPACK) and returns torch tensors in the structure the PyTorch module returned."""
 
-    def __init__(self, tflite_model: bytes, *, _source: str = "the .tflite bytes given to Model"):
-        from edge.tflite_check import TfliteFormatError, check_tflite
+    def __init__(self, tflite_model, *, _source: str | None = None):
+        """``tflite_model``: the .tflite bytes, or the path of a .tflite file, which is memory-mapped
+        (the weights are never read into memory; the interpreter maps the same file). A file in the
+        large-model form (past 2 GiB: weights after the flatbuffer) loads only from a path."""
+        from edge.tflite_check import TfliteFormatError, check_tflite, map_tflite
 
-        self._data = bytes(tflite_model)
+        self._path = None
+        if isinstance(tflite_model, (str, os.PathLike)):
+            self._path = os.path.abspath(os.fspath(tflite_model))
+            _source = _source or self._path
+            self._data = map_tflite(self._path)  # a read-only map of a regular file, size-checked
+        else:
+            self._data = bytes(tflite_model)
+            _source = _source or "the .tflite bytes given to Model"
         self._source = _source
         # the interpreter trusts the flatbuffer (a corrupt one can crash the process): refuse it first
         check_tflite(self._data, _source)
@@ -62,7 +72,13 @@ class Model:
 
     # ------------------------------------------------------------------ API
     def tflite_model(self) -> bytes:
-        return self._data
+        """The .tflite's bytes (for a Model on a file: read from its map, the whole file)."""
+        return self._data if isinstance(self._data, bytes) else bytes(self._data)
+
+    @property
+    def path(self) -> str | None:
+        """The file this Model maps, or None for a Model built from bytes."""
+        return self._path
 
     def signature_names(self) -> list[str]:
         return list(self._signatures)
@@ -73,7 +89,9 @@ class Model:
 
         path = os.fspath(path)
         try:
-            write_file(path, self._data)
+            if self._path is not None and os.path.abspath(path) == self._path:
+                return  # already there: rewriting the file the interpreter maps would change it under it
+            write_file(path, self._data if isinstance(self._data, bytes) else _copier(self._data))
         except OSError as e:
             raise ModelExportError(
                 f"cannot write the .tflite to {path!r}: {e.strerror or e}. Nothing was written. "
@@ -114,7 +132,9 @@ class Model:
             from edge.tflite_check import TfliteFormatError
 
             try:
-                self._interpreter = Interpreter(model_content=self._data)
+                # from a path the interpreter maps the file itself (large-model form included)
+                self._interpreter = (Interpreter(model_path=self._path) if self._path is not None
+                                     else Interpreter(model_content=self._data))
             except (RuntimeError, ValueError) as e:  # e.g. an op its kernels do not have
                 raise TfliteFormatError(f"{self._source}: the LiteRT interpreter refused the model: "
                                         f"{one_line(e)}") from e
@@ -123,11 +143,32 @@ class Model:
         return self._runners[name]
 
 
+def _copier(data):
+    """Write a mapped file out in 64 MiB pieces (never the whole of it in memory at once)."""
+    def write(f):
+        view = memoryview(data)
+        for i in range(0, len(view), 64 << 20):
+            f.write(view[i:i + (64 << 20)])
+    return write
+
+
+# Files from this size up are memory-mapped by load(); smaller ones are read (cheap either way).
+_MAP_FROM = 64 << 20
+
+
 def load(path) -> Model:
     """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed).
 
-    A truncated or corrupt file raises TfliteFormatError (a ValueError) naming it."""
+    A file of 64 MiB or more (the large-model form past 2 GiB included) is memory-mapped, its
+    weights paged in by the interpreter as it runs. A truncated or corrupt file raises
+    TfliteFormatError (a ValueError) naming it."""
     from edge.tflite_check import read_tflite
 
     path = os.fspath(path)
+    try:
+        big = os.stat(path).st_size >= _MAP_FROM
+    except OSError:
+        big = False  # read_tflite names the error
+    if big:
+        return Model(path)
     return Model(read_tflite(path, check=False), _source=path)  # Model checks the bytes, naming the path

@@ -1,0 +1,259 @@
+"""Weights that live on disk, not in memory: a spool file the weights are streamed into one
+tensor at a time, memory-mapped back as the module's parameters.
+
+A module built on the meta device (``with torch.device("meta"): model = Model(config)``) has no
+weight bytes; ``materialize`` asks a ``weights_loader`` for each meta parameter (litert-torch
+0.10's meaning: a callable ``name -> tensor`` or a dict, names as in ``module.named_parameters()``,
+a leading ``module.`` tried stripped), writes it into an unlinked temp file, drops it, and puts a
+tensor viewing a private map of that file in the module. Capture, the shared passes and the
+lowering then see ordinary CPU tensors, but their bytes are file pages the kernel loads on
+demand and ``drop_pages`` gives back once a writer has copied them: a model converts with
+about one tensor of weights in memory at a time. ``restore`` puts the meta tensors back.
+
+``safetensors_loader(folder)`` is a weights_loader over a Hugging Face model directory's
+safetensors shards (``model.safetensors`` or ``model.safetensors.index.json``), read one tensor
+at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import tempfile
+import weakref
+
+import numpy as np
+import torch
+
+__all__ = ["materialize", "restore", "drop_pages", "safetensors_loader", "load_one", "WeightsLoaderError",
+           "StorageReleaser"]
+
+_ALIGN = 64
+_PAGE = mmap.PAGESIZE
+# the spools alive in this process (filled only while a conversion holds one)
+_SPOOLS: "weakref.WeakSet[_Spool]" = weakref.WeakSet()
+
+
+class WeightsLoaderError(KeyError):
+    """A weight the loader does not have, or has with another shape."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class _Spool:
+    """An unlinked temp file, mapped privately once every weight is in it."""
+
+    def __init__(self, folder: str | None):
+        fd, path = tempfile.mkstemp(prefix=".tpu-export-weights-", dir=folder)
+        os.unlink(path)  # nothing left behind, whatever happens to the process
+        self.file = os.fdopen(fd, "w+b")
+        self.size = 0
+        self.map = None
+        self.base = 0
+
+    def append(self, t: torch.Tensor) -> int:
+        at = -(-self.size // _ALIGN) * _ALIGN
+        if at != self.size:
+            self.file.write(b"\0" * (at - self.size))
+        raw = t.detach().contiguous().reshape(-1)
+        if raw.numel():
+            self.file.write(memoryview(raw.view(torch.uint8).numpy()))
+        self.size = at + raw.numel() * raw.element_size()
+        return at
+
+    def open(self) -> None:
+        self.file.flush()
+        if self.size:
+            # private: pages are read from the file on demand and can be dropped again (nobody writes them)
+            self.map = mmap.mmap(self.file.fileno(), self.size, access=mmap.ACCESS_COPY)
+            self.base = np.frombuffer(self.map, np.uint8, count=1).ctypes.data
+        _SPOOLS.add(self)
+
+    def tensor(self, at: int, like: torch.Tensor) -> torch.Tensor:
+        n = like.numel() * like.element_size()
+        if not n:
+            return torch.empty(like.shape, dtype=like.dtype)
+        flat = torch.frombuffer(self.map, dtype=torch.uint8, count=n, offset=at)
+        return flat.view(like.dtype).reshape(like.shape)
+
+    def drop(self, addr: int, nbytes: int) -> bool:
+        if self.map is None or not self.base <= addr < self.base + self.size:
+            return False
+        lo = (addr - self.base) // _PAGE * _PAGE
+        hi = min(self.size, addr - self.base + nbytes)
+        with contextlib.suppress(OSError, ValueError):
+            self.map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        return True
+
+
+def drop_pages(array) -> None:
+    """If ``array`` views a spool, give its pages back to the kernel (they are re-read from the
+    file if used again). Anything else is left alone: a no-op without a conversion's spool."""
+    if not _SPOOLS or not isinstance(array, np.ndarray) or not array.nbytes:
+        return
+    addr = array.__array_interface__["data"][0]
+    for sp in list(_SPOOLS):
+        if sp.drop(addr, array.nbytes):
+            return
+
+
+def load_one(loader, name: str, like: torch.Tensor) -> torch.Tensor | None:
+    """The loader's tensor for parameter ``name`` (cast to ``like``'s dtype), or None when it has none."""
+    got = None
+    for key in dict.fromkeys((name, name.removeprefix("module."))):
+        if callable(loader):
+            try:
+                got = loader(key)
+            except (KeyError, TypeError):
+                continue
+        elif isinstance(loader, dict):
+            got = loader.get(key)
+        else:
+            raise TypeError(f"weights_loader must be a callable name -> tensor or a dict, not {type(loader).__name__}")
+        if got is not None:
+            break
+    if got is None:
+        return None
+    got = torch.as_tensor(got)
+    if tuple(got.shape) != tuple(like.shape):
+        raise WeightsLoaderError(f"weights_loader gave {name!r} the shape {tuple(got.shape)}, but the module's "
+                                 f"parameter has {tuple(like.shape)}. Fix: give the loader the checkpoint this "
+                                 "module was built for")
+    return got.to(like.dtype) if got.dtype != like.dtype else got
+
+
+def _named_tensors(module: torch.nn.Module):
+    """(owner module, attribute, full name, tensor, is_parameter) for every parameter and buffer,
+    shared ones (tied weights) under each of their names."""
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        for kind, table in ((True, mod._parameters), (False, mod._buffers)):
+            for attr, t in table.items():
+                if t is not None:
+                    yield mod, attr, f"{mod_name}.{attr}" if mod_name else attr, t, kind
+
+
+def materialize(module: torch.nn.Module, loader, *, folder: str | None = None, progress=None):
+    """Replace the module's tensors the loader has (and every meta one) by views of a spool file,
+    loading one tensor at a time. Returns the undo list for ``restore``; raises
+    WeightsLoaderError naming a meta parameter the loader lacks (nothing is changed then)."""
+    spool = _Spool(folder)
+    placed: dict[int, tuple[int, torch.Tensor]] = {}  # id(original) -> (offset, original)
+    entries = []
+    total = 0
+    for mod, attr, name, t, is_param in _named_tensors(module):
+        if id(t) not in placed:
+            got = load_one(loader, name, t) if loader is not None else None
+            if got is None:
+                if t.is_meta:
+                    raise WeightsLoaderError(
+                        f"parameter {name!r} {tuple(t.shape)} is on the meta device and weights_loader has no "
+                        "value for it. Fix: give the loader every parameter (names as in "
+                        "module.named_parameters()), or create that one on the CPU")
+                continue
+            placed[id(t)] = (spool.append(got), t)
+            total += got.numel() * got.element_size()
+            del got
+            if progress is not None:
+                progress(len(placed), total)
+        entries.append((mod, attr, t, is_param))
+    spool.open()
+    views: dict[int, torch.Tensor] = {}
+    undo = []
+    for mod, attr, t, is_param in entries:
+        v = views.get(id(t))
+        if v is None:
+            v = spool.tensor(placed[id(t)][0], t)
+            v = torch.nn.Parameter(v, requires_grad=False) if is_param else v
+            views[id(t)] = v
+        (mod._parameters if is_param else mod._buffers)[attr] = v
+        undo.append((mod, attr, t, is_param))
+    return undo, spool
+
+
+def restore(undo) -> None:
+    """Put back the tensors ``materialize`` replaced (the module is as the caller gave it)."""
+    entries, _ = undo
+    for mod, attr, t, is_param in entries:
+        (mod._parameters if is_param else mod._buffers)[attr] = t
+
+
+def safetensors_loader(folder: str):
+    """A weights_loader reading a model directory's safetensors shards one tensor at a time."""
+    from safetensors import safe_open
+
+    folder = os.fspath(folder)
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            where = {k: os.path.join(folder, v) for k, v in json.load(f)["weight_map"].items()}
+    else:
+        single = os.path.join(folder, "model.safetensors")
+        if not os.path.isfile(single):
+            raise FileNotFoundError(f"{folder}: no model.safetensors or model.safetensors.index.json. Fix: pass a "
+                                    "Hugging Face model directory saved with safetensors")
+        with safe_open(single, framework="pt") as f:
+            where = dict.fromkeys(f.keys(), single)
+
+    def load(name: str) -> torch.Tensor:
+        path = where.get(name)
+        if path is None:
+            raise KeyError(name)
+        with safe_open(path, framework="pt") as f:
+            return f.get_tensor(name)
+
+    return load
+
+
+class StorageReleaser:
+    """``delete_in_memory_params``: empties each weight tensor (``t.data = torch.empty(0)``, as
+    litert-torch does) once no array waiting to be written views its storage any more, so the
+    storage is freed as soon as the writer drops its view. Built after lowering from the arrays
+    a writer still holds (``pending``); storages none of them views are emptied at once.
+    (``resize_(0)`` is no way: a storage numpy has viewed is marked not resizable.)"""
+
+    def __init__(self, tensors, pending):
+        import bisect
+
+        self._bisect = bisect
+        groups: dict[int, list] = {}
+        sizes: dict[int, int] = {}
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and not t.is_meta and t.device.type == "cpu":
+                st = t.untyped_storage()
+                if st.nbytes():
+                    groups.setdefault(st.data_ptr(), []).append(t)
+                    sizes[st.data_ptr()] = st.nbytes()
+        self._starts = sorted(groups)
+        self._ends = [s + sizes[s] for s in self._starts]
+        self._owners = [groups[s] for s in self._starts]
+        self._count = [0] * len(self._starts)
+        for a in pending:
+            k = self._find(a)
+            if k is not None:
+                self._count[k] += 1
+        for k, c in enumerate(self._count):
+            if c == 0:
+                self._free(k)
+
+    def _find(self, array):
+        if not isinstance(array, np.ndarray) or not array.nbytes:
+            return None
+        addr = array.__array_interface__["data"][0]
+        k = self._bisect.bisect_right(self._starts, addr) - 1
+        return k if k >= 0 and addr < self._ends[k] else None
+
+    def _free(self, k: int) -> None:
+        for t in self._owners[k]:
+            with torch.no_grad():
+                t.data = torch.empty(0, dtype=t.dtype)
+        self._owners[k] = []
+
+    def __call__(self, array) -> None:
+        k = self._find(array)
+        if k is not None:
+            self._count[k] -= 1
+            if self._count[k] == 0:
+                self._free(k)
