@@ -23,6 +23,7 @@ from typing import Callable
 
 from converter.atomic import discard, publish_dir, staging_dir, write_file
 
+from .files import artifact_size
 from .lm_source import LmSource, LmSourceError, load_lm_source
 from .registry import IotTarget, get_target
 
@@ -80,13 +81,13 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
             d = os.path.join(stage, t.name)
             os.makedirs(d)
             ts = Stages(lambda m, n=t.name: say(f"{n}: {m}"))
-            files = (_write_edge(prog, src, meta, t, o, d, ts) if t.backend == "edge"
+            files = (_write_edge(prog, src, spec, t, o, d, ts) if t.backend == "edge"
                      else _write_tpu(prog, t, o, d, ts))
             files[LM_META] = write_file(os.path.join(d, LM_META), json.dumps(meta, indent=1).encode())
             if src.tokenizer_json is not None:
                 files["tokenizer.json"] = write_file(os.path.join(d, "tokenizer.json"), src.tokenizer_json.encode())
             summary["targets"][t.name] = {"stages": ts.times,
-                                          "files": {f: os.path.getsize(p) for f, p in sorted(files.items())}}
+                                          "bytes": {f: artifact_size(p) for f, p in sorted(files.items())}}
             written[t.name] = {f: os.path.join(out_dir, t.name, f) for f in files}
         summary["signatures"] = {s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs]}
                                  for s in prog.signatures.values()}
@@ -142,21 +143,22 @@ def edge_lm_bytes(prog, target, opts, stages) -> bytes:
     return tflite
 
 
-def write_litertlm_bundle(path: str, tflite: bytes, src: LmSource, meta: dict) -> str:
-    """The .litertlm (edge/litertlm.py: litert-lm-builder's sections) the LiteRT-LM engine runs."""
+def write_litertlm_bundle(path: str, tflite: bytes, src: LmSource, spec) -> str:
+    """The .litertlm (edge/litertlm.py: litert-lm-builder's sections) the LiteRT-LM engine runs. No start token:
+    the engine then tokenizes a prompt as tokenizer.json does (with its own BOS, if it adds one), as our loop
+    and transformers do."""
     from edge.litertlm import write_litertlm
 
-    write_litertlm(path, tflite, tokenizer_json=src.require_tokenizer("the .litertlm bundle"),
-                   stop_token_ids=list(src.stop_token_ids), max_num_tokens=meta["cache"]["cache_len"],
-                   prompt_template=src.chat_template, bos_token_id=src.bos_token_id)
-    return path
+    return write_litertlm(path, tflite, tokenizer_json=src.require_tokenizer("the .litertlm bundle").encode(),
+                          stop_token_ids=list(src.stop_token_ids), max_num_tokens=spec.cache_len, cache_spec=spec,
+                          prompt_template=src.chat_template)
 
 
-def _write_edge(prog, src, meta, t, opts, d, stages) -> dict:
+def _write_edge(prog, src, spec, t, opts, d, stages) -> dict:
     tflite = edge_lm_bytes(prog, t, opts, stages)
     with stages("write", "model.tflite and model.litertlm"):
         return {"model.tflite": write_file(os.path.join(d, "model.tflite"), tflite),
-                "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), tflite, src, meta)}
+                "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), tflite, src, spec)}
 
 
 _TPU_STAGES = (("AOT", "compile"), ("lowering", "lower"), ("writing", "write"))

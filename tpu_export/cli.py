@@ -113,7 +113,7 @@ def cmd_generate(a) -> int:
         sampling = Sampling(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
     except ValueError as e:
         raise CliError(str(e)) from None
-    gen = load_generator(a.artifact)
+    gen = load_generator(a.artifact, quiet=True)
     res = gen.generate(a.prompt, a.max_new_tokens, sampling=sampling, chat=a.chat,
                        on_text=lambda s: print(s, end="", flush=True))
     print(flush=True)

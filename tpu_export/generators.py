@@ -46,31 +46,35 @@ class TextResult:
                 f"decode: {dec} ({self.new_tokens} new tokens){warm}")
 
 
-def load_generator(path) -> "LoopGenerator | EngineGenerator":
+def load_generator(path, *, quiet: bool = False) -> "LoopGenerator | EngineGenerator":
     """A ``.litertlm`` -> the LiteRT-LM engine; a TPU artifact (``.tpuexp``) or ``.tflite`` -> our loop; a target
-    folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first)."""
+    folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first). ``quiet``: the engine
+    logs errors only (a process-wide setting of its library)."""
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
         for f in ("model.litertlm", "model.tpuexp", "model.tflite"):
             if os.path.exists(os.path.join(path, f)):
-                return load_generator(os.path.join(path, f))
+                return load_generator(os.path.join(path, f), quiet=quiet)
         raise GeneratorError(f"{path}: no model.litertlm, model.tpuexp or model.tflite in it; give a folder or "
                              "file written by `tpu-export convert-lm`")
     if not os.path.exists(path):
         raise GeneratorError(f"{path}: no such file or folder")
     if path.endswith(".litertlm"):
-        return EngineGenerator(path)
+        return EngineGenerator(path, quiet=quiet)
     return LoopGenerator.from_artifact(path)
 
 
-def _detokenizer(tok, on_text):
+def _detokenizer(tok, on_text, stops):
     """A per-token callback that streams the new text: decodes all new ids each time and emits what grew (a
-    byte-level BPE token can end inside a UTF-8 character, which decodes as U+FFFD until the next one)."""
+    byte-level BPE token can end inside a UTF-8 character, which decodes as U+FFFD until the next one). Special
+    tokens other than the stop tokens are text, as the LiteRT-LM engine prints them."""
     ids, sent = [], [0]
 
     def on_token(t):
+        if t in stops:
+            return
         ids.append(t)
-        text = tok.decode(ids, skip_special_tokens=True)
+        text = tok.decode(ids, skip_special_tokens=False)
         if text.endswith("\ufffd"):
             return
         if on_text is not None and len(text) > sent[0]:
@@ -133,11 +137,12 @@ class LoopGenerator:
                  on_text: Callable[[str], None] | None = None) -> TextResult:
         ids = self.encode(prompt, chat)
         warm_ms = self._warm_up(len(ids))
-        run = generate_ids(self.runtime, self.spec, ids, max_new_tokens, sampling=sampling,
-                           eos_token_id=self.meta.get("stop_token_ids") or None,
-                           on_token=_detokenizer(self.tokenizer, on_text))
-        return TextResult(self.tokenizer.decode(run.tokens, skip_special_tokens=True), len(ids), len(run.tokens),
-                          run.prefill_ms, run.decode_tokens_per_s, run.tokens, warm_ms)
+        stops = {int(i) for i in self.meta.get("stop_token_ids") or ()}
+        run = generate_ids(self.runtime, self.spec, ids, max_new_tokens, sampling=sampling, eos_token_id=stops,
+                           on_token=_detokenizer(self.tokenizer, on_text, stops))
+        text = self.tokenizer.decode([t for t in run.tokens if t not in stops], skip_special_tokens=False)
+        return TextResult(text, len(ids), len(run.tokens), run.prefill_ms, run.decode_tokens_per_s, run.tokens,
+                          warm_ms)
 
     def _warm_up(self, n: int) -> float | None:
         """Run the prefill that fits ``n`` tokens and decode once on zeros, the first time each is used, so that
@@ -200,9 +205,11 @@ _ALL_TOKENS = 1 << 20  # top_k when none is given: the engine's own default is 1
 class EngineGenerator:
     """A ``.litertlm`` run by the LiteRT-LM engine on this machine's CPU."""
 
-    def __init__(self, path: str, threads: int | None = None):
+    def __init__(self, path: str, threads: int | None = None, quiet: bool = False):
         import litert_lm
 
+        if quiet:  # the engine logs every section it does not find at WARNING; process-wide, so only when asked
+            litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
         self.path = path
         backend = litert_lm.Backend.CPU(thread_count=threads) if threads else litert_lm.Backend.CPU()
         try:
@@ -220,7 +227,9 @@ class EngineGenerator:
         cfg = (litert_lm.SamplerConfig(top_k=1, top_p=1.0, temperature=1.0, seed=0) if s.greedy else
                litert_lm.SamplerConfig(top_k=s.top_k or _ALL_TOKENS, top_p=s.top_p or 1.0,
                                        temperature=s.temperature, seed=s.seed))
-        session = self.engine.create_session(apply_prompt_template=bool(chat), sampler_config=cfg,
+        if chat:  # rendered here, as for our loop: the session API does not apply the bundle's template itself
+            prompt = render_chat(self._template(), prompt, self.path)
+        session = self.engine.create_session(apply_prompt_template=False, sampler_config=cfg,
                                              max_output_tokens=max_new_tokens)
         try:
             t0 = time.perf_counter()
@@ -240,3 +249,12 @@ class EngineGenerator:
             prefill_ms = info.last_prefill_token_count / info.last_prefill_tokens_per_second * 1e3
         return TextResult("".join(parts), info.last_prefill_token_count or None, info.last_decode_token_count,
                           prefill_ms, tps)
+
+    def _template(self) -> str | None:
+        from edge.litertlm import read_litertlm
+
+        for sec in read_litertlm(self.path)["sections"]:
+            template = sec.get("metadata", {}).get("jinja_prompt_template")
+            if template:
+                return template
+        return None

@@ -1,0 +1,17 @@
+"""litert_torch.generative: LLMs with their KV cache (litert-torch 0.10's module layout).
+
+    from litert_torch.generative import export_hf
+    export_hf.export(model="path/to/hf_dir", output_dir="out", prefill_lengths=[32], cache_length=1024)
+"""
+
+from __future__ import annotations
+
+__all__ = ["export_hf"]
+
+
+def __getattr__(name):
+    if name == "export_hf":
+        import importlib
+
+        return importlib.import_module(".export_hf", __name__)
+    raise AttributeError(f"module 'litert_torch.generative' has no attribute {name!r}")

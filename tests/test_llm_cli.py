@@ -1,0 +1,138 @@
+"""`tpu-export convert-lm` on a saved Hugging Face model directory (tests.llm_models' tiny Llama) to android and
+tpu-v6e, then `tpu-export generate` on both outputs through the CLI: the LiteRT-LM engine runs the .litertlm, PJRT
+CPU runs the TPU artifact (it carries a cpu lowering beside the tpu one). Greedy text equals transformers'
+generate(do_sample=False); sampling with a seed repeats and differs from greedy; errors are one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from tests.llm_models import save_model_dir  # noqa: E402
+from tpu_export.cli import main  # noqa: E402
+from tpu_export.generate import Sampling  # noqa: E402
+from tpu_export.generators import load_generator  # noqa: E402
+
+NEW = 32
+PROMPT = "the cache holds keys"  # 5 tokens of the test tokenizer: prefill_8
+TIMING = re.compile(r"^prefill: [\d.]+ ms \(\d+ tokens\); decode: [\d.]+ tokens/s \(\d+ new tokens\)", re.M)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_dir("llama", tmp_path_factory.mktemp("hf") / "llama")
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """transformers' own greedy continuation of PROMPT, as text."""
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    import torch
+
+    with torch.no_grad():
+        new = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, ids.shape[1]:].tolist()
+    assert len(new) == NEW  # no early eos: the comparison covers all 32 tokens
+    return {"tokens": new, "text": tok.decode(new, skip_special_tokens=False)}
+
+
+@pytest.fixture(scope="module")
+def out(model_dir, tmp_path_factory):
+    o = tmp_path_factory.mktemp("lm") / "out"
+    assert main(["convert-lm", str(model_dir), "--target", "android", "--target", "tpu-v6e", "--prefill", "8,16",
+                 "--cache", "64", "-o", str(o), "--quiet"]) == 0
+    return o
+
+
+def _generate(capsys, artifact, *extra, prompt=PROMPT):
+    rc = main(["generate", str(artifact), "--prompt", prompt, "--max-new-tokens", str(NEW), *extra])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_convert_lm_writes_both_outputs_and_a_summary(out):
+    assert sorted(os.listdir(out / "android")) == ["lm.json", "model.litertlm", "model.tflite", "tokenizer.json"]
+    assert sorted(os.listdir(out / "tpu-v6e")) == ["lm.json", "model.tpuexp", "tokenizer.json"]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["cache"]["cache_len"] == 64 and s["prefill_lengths"] == [8, 16]
+    assert sorted(s["signatures"]) == ["decode", "prefill_16", "prefill_8"]
+    assert {"load", "capture"} <= set(s["stages"])
+    assert {"lower", "write"} <= set(s["targets"]["android"]["stages"])
+    assert {"lower", "write"} <= set(s["targets"]["tpu-v6e"]["stages"])
+
+
+@pytest.mark.parametrize("artifact", ["android/model.litertlm", "tpu-v6e"])
+def test_greedy_generate_matches_transformers(out, reference, capsys, artifact):
+    rc, text, err = _generate(capsys, out / artifact)
+    assert rc == 0, err
+    assert text == reference["text"] + "\n"
+    assert TIMING.search(err), err
+
+
+def test_sampling_with_a_seed_repeats_and_differs_from_greedy(out, reference, capsys):
+    rc, text, _ = _generate(capsys, out / "tpu-v6e", "--temperature", "1.5", "--top-k", "50", "--top-p", "0.95",
+                            "--seed", "7")
+    gen = load_generator(out / "tpu-v6e")  # the same run from Python, then other seeds and rules
+    hot = Sampling(temperature=1.5, top_k=50, top_p=0.95, seed=7)
+    assert rc == 0 and text == gen.generate(PROMPT, NEW, sampling=hot).text + "\n"
+    assert gen.generate(PROMPT, NEW, sampling=hot).tokens != reference["tokens"]
+    assert gen.generate(PROMPT, NEW, sampling=dataclasses.replace(hot, seed=8)).tokens != \
+        gen.generate(PROMPT, NEW, sampling=hot).tokens
+    # top_k 1 is greedy at any temperature; a tiny top_p keeps only the most likely token
+    assert gen.generate(PROMPT, NEW, sampling=Sampling(temperature=5.0, top_k=1, seed=1)).tokens == reference["tokens"]
+    assert gen.generate(PROMPT, NEW, sampling=Sampling(temperature=5.0, top_p=1e-6, seed=1)).tokens == \
+        reference["tokens"]
+
+
+def _one_line_error(capsys, argv) -> str:
+    rc = main(argv + (["--quiet"] if argv[0] == "convert-lm" else []))
+    err = capsys.readouterr().err.strip()
+    assert rc != 0 and len(err.splitlines()) == 1, err
+    return err
+
+
+def test_pickled_weights_and_missing_tokenizer_are_one_line_errors(model_dir, tmp_path, capsys):
+    pickled = tmp_path / "pickled"
+    shutil.copytree(model_dir, pickled)
+    (pickled / "model.safetensors").rename(pickled / "pytorch_model.bin")  # never unpickled: refused by name
+    err = _one_line_error(capsys, ["convert-lm", str(pickled), "--target", "cpu-xla", "-o", str(tmp_path / "o")])
+    assert "pytorch_model.bin" in err and "pickle" in err and "save_pretrained" in err
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(model_dir, no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    err = _one_line_error(capsys, ["convert-lm", str(no_tok), "--target", "cpu-xla", "-o", str(tmp_path / "o")])
+    assert "no tokenizer.json" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_prompt_longer_than_every_prefill_is_one_line(out, capsys):
+    err = _one_line_error(capsys, ["generate", str(out / "tpu-v6e"), "--prompt", PROMPT * 6])
+    assert "the exported prefill lengths are [8, 16]" in err
+
+
+def test_a_foreign_out_dir_is_not_replaced(model_dir, tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep")
+    err = _one_line_error(capsys, ["convert-lm", str(model_dir), "--target", "cpu-xla", "-o", str(tmp_path)])
+    assert "refusing to replace" in err and (tmp_path / "mine.txt").read_text() == "keep"
+
+
+def test_a_cache_protocol_module_converts_from_python(model_dir, reference, tmp_path):
+    """A user module that follows converter.llm's cache protocol (here KVCacheLM itself), with its tokenizer."""
+    from converter.llm import KVCacheLM
+    from targets.lm import convert_lm
+    from targets.lm_source import LmSourceError
+
+    lm = KVCacheLM(transformers.AutoModelForCausalLM.from_pretrained(model_dir), cache_len=48)
+    with pytest.raises(LmSourceError, match="its cache protocol spec holds 48 slots; cache_len=64 cannot change it"):
+        convert_lm(lm, ["cpu-xla"], tmp_path / "o", cache_len=64, tokenizer=model_dir / "tokenizer.json")
+    written = convert_lm(lm, ["cpu-xla"], tmp_path / "o", prefill_lengths=(8,), tokenizer=model_dir / "tokenizer.json")
+    gen = load_generator(written["cpu-xla"]["model.tpuexp"])
+    assert gen.generate(PROMPT, NEW).tokens == reference["tokens"]
