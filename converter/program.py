@@ -101,9 +101,11 @@ class Program:
         for name, w in sorted(self.weights.items()):
             h.update(name.encode())
             h.update(str((tuple(w.shape), w.dtype)).encode())
-            # reshape(-1): a 0-d weight (a folded scalar) cannot be viewed as bytes directly
+            # reshape(-1): a 0-d weight (a folded scalar) cannot be viewed as bytes directly; the
+            # hash reads the weight's own memory (a view, no copy: a 2 GB model is hashed in place)
             flat = w.detach().contiguous().cpu().reshape(-1)
-            h.update(flat.view(torch.uint8).numpy().tobytes() if w.numel() else b"")
+            if w.numel():
+                h.update(memoryview(flat.view(torch.uint8).numpy()))
         return h.hexdigest()
 
 
