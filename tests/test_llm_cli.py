@@ -92,6 +92,35 @@ def test_sampling_with_a_seed_repeats_and_differs_from_greedy(out, reference, ca
         reference["tokens"]
 
 
+@pytest.mark.parametrize("artifact", ["android/model.litertlm", "tpu-v6e"])
+def test_chat_wraps_the_prompt_in_the_models_template(out, model_dir, capsys, artifact):
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                  return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        new = model.generate(ids, do_sample=False, max_new_tokens=8)[0, ids.shape[1]:].tolist()
+    eos = model.generation_config.eos_token_id
+    want = tok.decode(new[:new.index(eos)] if eos in new else new)
+    rc = main(["generate", str(out / artifact), "--prompt", PROMPT, "--max-new-tokens", "8", "--chat"])
+    assert rc == 0 and capsys.readouterr().out == want + "\n"
+
+
+def test_engine_sampling_with_a_seed_repeats(out, reference, capsys):
+    hot = ("--temperature", "1.5", "--top-k", "50", "--seed", "7")
+    runs = [_generate(capsys, out / "android/model.litertlm", *hot)[1] for _ in range(2)]
+    assert runs[0] == runs[1] and runs[0] != reference["text"] + "\n"
+
+
+def test_inspect_a_litertlm(out, capsys):
+    assert main(["inspect", str(out / "android/model.litertlm")]) == 0
+    text = capsys.readouterr().out
+    assert "max_num_tokens 64; stop tokens [[2]]" in text and "4 cache buffers" in text
+    assert "prefill_8 (tokens [1, 8], 4 cache inputs)" in text
+
+
 def _one_line_error(capsys, argv) -> str:
     rc = main(argv + (["--quiet"] if argv[0] == "convert-lm" else []))
     err = capsys.readouterr().err.strip()
@@ -130,7 +159,7 @@ def test_a_cache_protocol_module_converts_from_python(model_dir, reference, tmp_
     from targets.lm import convert_lm
     from targets.lm_source import LmSourceError
 
-    lm = KVCacheLM(transformers.AutoModelForCausalLM.from_pretrained(model_dir), cache_len=48)
+    lm = KVCacheLM(transformers.AutoModelForCausalLM.from_pretrained(model_dir), cache_len=48).eval()
     with pytest.raises(LmSourceError, match="its cache protocol spec holds 48 slots; cache_len=64 cannot change it"):
         convert_lm(lm, ["cpu-xla"], tmp_path / "o", cache_len=64, tokenizer=model_dir / "tokenizer.json")
     written = convert_lm(lm, ["cpu-xla"], tmp_path / "o", prefill_lengths=(8,), tokenizer=model_dir / "tokenizer.json")

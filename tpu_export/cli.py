@@ -218,6 +218,11 @@ def _load_artifact(path, use_compiled=False, isolate=False, isolate_timeout=30.0
 
 
 def cmd_inspect(a) -> int:
+    if a.artifact.endswith(".litertlm"):
+        from targets.lm_describe import describe_litertlm
+
+        print(describe_litertlm(a.artifact))
+        return 0
     from targets.describe import describe
 
     print(describe(a.artifact, isolate=a.isolate))
