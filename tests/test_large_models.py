@@ -1,0 +1,166 @@
+"""Large models (#16): weights streamed into the .tflite, the large-model form past 2 GiB, weights
+from a weights_loader, parameters freed as they are written. Small models check that every path
+gives the bytes of the in-memory conversion; one real > 2 GiB model runs when memory allows."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import litert_torch
+from tests.numerics import rel_err
+
+
+class Tied(torch.nn.Module):
+    """Embedding tied to the output projection, a conv whose weights the lowering transforms, a
+    parameter forward never reads, and a buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(600, 48)
+        self.conv = torch.nn.Conv1d(48, 48, 3, padding=1)
+        self.unused = torch.nn.Linear(48, 48)
+        self.head = torch.nn.Linear(48, 600, bias=False)
+        self.head.weight = self.emb.weight
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 48))
+
+    def forward(self, ids):
+        h = self.emb(ids) * self.scale
+        h = self.conv(h.transpose(1, 2)).transpose(1, 2)
+        return self.head(torch.relu(h))
+
+
+def _tied():
+    torch.manual_seed(0)
+    return Tied().eval(), torch.randint(0, 600, (1, 8))
+
+
+def test_every_large_model_path_writes_the_in_memory_bytes(tmp_path):
+    m, ids = _tied()
+    want = m(ids)
+    ref = litert_torch.convert(m, (ids,)).tflite_model()
+
+    out = litert_torch.convert(m, (ids,), output_file_path=tmp_path / "a.tflite")
+    assert out.path == str(tmp_path / "a.tflite")
+    assert (tmp_path / "a.tflite").read_bytes() == ref
+    assert rel_err(out(ids), want) < 1e-5
+
+    light = litert_torch.convert(m, (ids,), lightweight_conversion=True)
+    assert light.tflite_model() == ref
+    temp = light.path
+    del light  # its temp file goes with it
+    assert not os.path.exists(temp)
+
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.device("meta"):
+        meta = Tied().eval()
+    for loader in (state, state.__getitem__, lambda n: state[n.removeprefix("module.")]):
+        got = litert_torch.convert(meta, (ids,), weights_loader=loader, output_file_path=tmp_path / "b.tflite")
+        assert got.tflite_model() == ref
+        assert all(p.is_meta for p in meta.parameters())  # the caller's module is given back as it was
+
+    doomed = Tied().eval()
+    doomed.load_state_dict(state)
+    got = litert_torch.convert(doomed, (ids,), output_file_path=tmp_path / "c.tflite", delete_in_memory_params=True)
+    assert got.tflite_model() == ref
+    assert all(p.numel() == 0 for p in doomed.parameters())  # every parameter's storage was let go
+    assert rel_err(got(ids), want) < 1e-5
+
+
+def test_weights_loader_errors_name_the_parameter():
+    m, ids = _tied()
+    with torch.device("meta"):
+        meta = Tied().eval()
+    state = m.state_dict()
+    missing = {k: v for k, v in state.items() if k != "conv.weight"}
+    with pytest.raises(KeyError, match=r"'conv\.weight' \(48, 48, 3\) is on the meta device and weights_loader"):
+        litert_torch.convert(meta, (ids,), weights_loader=missing)
+    wrong = dict(state, **{"conv.bias": torch.zeros(7)})
+    with pytest.raises(KeyError, match=r"gave 'conv\.bias' the shape \(7,\).*has \(48,\)"):
+        litert_torch.convert(meta, (ids,), weights_loader=wrong)
+    assert all(p.is_meta for p in meta.parameters())
+
+
+def test_large_model_form_reads_everywhere(tmp_path):
+    """The large-model form (forced on a small model): the checker, the interpreter from a path,
+    litert_torch.load, `tpu-export inspect` and ai-edge-quantizer all read it."""
+    from converter import prepare
+    from edge.convert import write_program
+    from edge.quantize import quantize_tflite
+    from edge.tflite_check import TfliteFormatError, check_tflite
+    from targets.describe import describe_tflite
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)).eval()
+    x = torch.randn(2, 256)
+    path = write_program(prepare(m, (x,)), tmp_path / "m.tflite", large=True)
+    data = open(path, "rb").read()
+    classic = litert_torch.convert(m, (x,)).tflite_model()
+    assert data != classic and abs(len(data) - len(classic)) < 4096
+    check_tflite(data, path)
+    assert rel_err(litert_torch.Model(path)(x), m(x)) < 1e-5
+    assert rel_err(litert_torch.load(path)(x), m(x)) < 1e-5
+    assert "FULLY_CONNECTED                  2" in describe_tflite(path)
+    q = litert_torch.Model(quantize_tflite(data, "weight_only_int8"))
+    assert len(q.tflite_model()) < len(data) / 3 and rel_err(q(x), m(x)) < 0.02
+    # a weight's offset/size past the end of the file is refused before any interpreter sees it
+    with pytest.raises(TfliteFormatError, match="past the end of the"):
+        check_tflite(data[:-1000], "cut.tflite")
+
+
+def test_memory_check_refuses_before_any_work(monkeypatch):
+    from litert_torch import _large
+
+    m, ids = _tied()
+    monkeypatch.setattr(_large, "mem_available", lambda: 1 << 20)
+    with pytest.raises(MemoryError, match=r"needs about .* GiB more, but the machine has 0\.0 GiB available.*Fix: "):
+        litert_torch.convert(m, (ids,))
+
+
+# ~620 M fp32 parameters: two big layers, a 2.5 GB .tflite
+_VOCAB, _DIM = 302_000, 1024
+_NEEDS = 9 << 30  # the module, the page cache of the file the interpreter maps, and headroom
+
+
+def _mem_available() -> int:
+    from litert_torch._large import mem_available
+
+    return mem_available() or 0
+
+
+class Big(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(_VOCAB, _DIM, _weight=torch.empty(_VOCAB, _DIM).uniform_(-1, 1))
+        self.head = torch.nn.Linear(_DIM, _VOCAB, bias=False)
+        with torch.no_grad():
+            self.head.weight.uniform_(-0.03, 0.03)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids))
+
+
+@pytest.mark.skipif(_mem_available() < _NEEDS, reason=f"needs {_NEEDS >> 30} GiB of MemAvailable for a 2.5 GB model")
+def test_a_model_past_2gib_converts_loads_and_matches_torch(tmp_path):
+    from ai_edge_litert.interpreter import Interpreter
+
+    torch.manual_seed(0)
+    m = Big().eval()
+    ids = torch.tensor([[1, 77, 5000, _VOCAB - 1]])
+    want = m(ids).detach()
+    path = tmp_path / "big.tflite"
+    lines = []
+    model = litert_torch.convert(m, (ids,), output_file_path=path, progress=lines.append)
+    size = os.path.getsize(path)
+    assert size > 2**31 + 2**28  # past the flatbuffer's 2 GiB
+    assert lines and "tensors" in lines[-1] and "MiB/s" in lines[-1]
+    assert rel_err(model(ids), want) < 1e-5
+    del model
+    # the LiteRT interpreter maps the file itself (a .tflite this size loads only from a path)
+    it = Interpreter(model_path=str(path))
+    runner = it.get_signature_runner()
+    got = runner(ids=ids.numpy().astype(np.int32))
+    assert rel_err(next(iter(got.values())), want) < 1e-5
