@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic"]
+__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic", "pad_or_crop"]
 
 
 def is_symbolic(a) -> bool:
@@ -47,3 +47,19 @@ def np_binary(op):
         return r
 
     return fold
+
+
+def pad_or_crop(x, begin, end, value: float = 0.0):
+    """Pad (positive) or crop (negative) each dim of ``x`` by begin[i] / end[i]: crops as slices, pads as one
+    constant pad of non-negative amounts (the edge backend's PAD takes no negative pads)."""
+    import torch.nn.functional as F
+
+    for d, (b, e) in enumerate(zip(begin, end)):
+        if b < 0 or e < 0:
+            lo, hi = max(-b, 0), max(-e, 0)
+            x = x.narrow(d, lo, x.shape[d] - lo - hi)
+    fpad = []
+    last = max([d for d, (b, e) in enumerate(zip(begin, end)) if b > 0 or e > 0], default=-1)
+    for d in range(last, -1, -1):
+        fpad += [max(begin[d], 0), max(end[d], 0)]
+    return F.pad(x, fpad, value=value) if fpad else x

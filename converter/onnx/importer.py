@@ -61,6 +61,7 @@ class NodeContext:
     n_out: int
     out_types: list  # ONNX element types of the outputs where inference knows them, else None
     out_shapes: list  # ints/None per dim where inference knows them, else None
+    call: object = None  # the node's labelled caller (_node_call)
 
     def fail(self, msg: str):
         raise OnnxImportError(f"node {self.name!r} ({self.op_type}): {msg}")
@@ -124,7 +125,8 @@ def _to_torch(v):
         if v.dtype == object:
             return torch.tensor([int(x) if not isinstance(x, torch.SymInt) else x for x in v.reshape(-1)],
                                 dtype=torch.int64).reshape(v.shape)
-        return torch.from_numpy(np.ascontiguousarray(v))
+        # a copy where numpy's array is read-only or strided (np.ascontiguousarray would make 0-d arrays 1-d)
+        return torch.from_numpy(v if v.flags.writeable and v.flags.c_contiguous else np.array(v, order="C"))
     return v
 
 
@@ -255,6 +257,18 @@ def _shape_slice(s: np.ndarray, attrs) -> np.ndarray:
     return s[start:end]
 
 
+def _node_call(ctx):
+    """A one-line caller whose code carries the ONNX node's name and op as its file name: torch.export records
+    that frame in each captured node's stack trace, so a backend's "op X cannot be lowered ... at <line>" names
+    the ONNX node. The code is our fixed text; only the label comes from the model file."""
+    if ctx.call is None:
+        ns: dict = {}
+        label = f"<ONNX node {ctx.name!r} ({ctx.op_type})>"
+        exec(compile("def forward(run, *a):\n    return run(*a)\n", label, "exec"), ns)  # noqa: S102 - fixed code
+        ctx.call = ns["forward"]
+    return ctx.call
+
+
 def _numpy_slot(spec, i: int, value) -> bool:
     """Whether a constant reaches input ``i`` of ``spec`` as numpy: static slots, and small integer constants of
     ops with a numpy fold (shape arithmetic: Concat([dynamic batch], [-1]) must stay foldable)."""
@@ -333,7 +347,7 @@ class OnnxModule(torch.nn.Module):
                 else:
                     vals.append(self._const(n, _numpy_slot(spec, i, self._static.get(n))))
             try:
-                res = _run(spec, ctx, attrs, vals)
+                res = _node_call(ctx)(_run, spec, ctx, attrs, vals)
             except OnnxImportError:
                 raise
             except Exception as e:  # noqa: BLE001

@@ -37,7 +37,9 @@ def hard_sigmoid(ctx, x, alpha, beta):
 # ai.onnx::Elu(X) -> Y  attrs: alpha
 @T.op("Elu", since=6, attrs={"alpha": 1.0})
 def elu(ctx, x, alpha):
-    return F.elu(x, alpha)
+    if alpha == 1.0:
+        return F.elu(x)
+    return torch.where(x > 0, x, alpha * (torch.exp(x) - 1))  # LiteRT's ELU has alpha 1 only
 
 
 # ai.onnx::Selu(X) -> Y  attrs: alpha, gamma

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
+from .common import pad_or_crop
 from .registry import TABLE as T
 
 __all__ = ["same_pads", "split_pads"]
@@ -99,8 +100,5 @@ def conv_transpose(ctx, x, w, b=None, *, auto_pad, dilations, group, kernel_shap
         return _CONV_T[nsp](x, w, b, strides, begin, opad, group, dilations)
     # torch takes symmetric pads only: the full transposed conv, then crop (negative pad) / extend each side
     y = _CONV_T[nsp](x, w, None, strides, 0, 0, group, dilations)
-    fpad = []
-    for bg, e, o in reversed(list(zip(begin, end, opad))):
-        fpad += [-bg, o - e]
-    y = F.pad(y, fpad)
+    y = pad_or_crop(y, [0, 0] + [-bg for bg in begin], [0, 0] + [o - e for e, o in zip(end, opad)])
     return y if b is None else y + b.reshape([1, -1] + [1] * nsp)

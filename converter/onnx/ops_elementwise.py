@@ -25,7 +25,10 @@ _binary("Mul", torch.mul, operator.mul)
 
 def _div(a, b):
     if not a.is_floating_point():
-        return torch.div(a, b, rounding_mode="trunc")  # ONNX integer Div truncates toward zero
+        # ONNX integer Div truncates toward zero: a floor division of the magnitudes, signed (the edge
+        # backend has FLOOR_DIV for integers, not a truncating one)
+        q = torch.div(a.abs(), b.abs(), rounding_mode="floor")
+        return torch.where((a < 0) ^ (b < 0), -q, q)
     return torch.div(a, b)
 
 
@@ -99,7 +102,7 @@ def _np_cast(ctx, x, to, saturate=1):
             ctx.fail("casting a dynamic size to float is not supported; give the dynamic dims a size (dim_sizes)")
         return x
     if dt == torch.bfloat16:
-        return torch.from_numpy(np.ascontiguousarray(x)).to(dt)
+        return torch.from_numpy(np.array(x, order="C")).to(dt)
     return x.astype(torch.empty(0, dtype=dt).numpy().dtype)
 
 

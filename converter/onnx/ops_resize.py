@@ -1,8 +1,8 @@
 """ONNX Resize (and the old Upsample): the variants torch expresses.
 
 - nearest: every coordinate_transformation_mode except tf_crop_and_resize, with every nearest_mode:
-  (asymmetric, floor) is F.interpolate's "nearest" and (half_pixel, round_prefer_ceil) its
-  "nearest-exact"; the rest gather rows/columns at indices computed here from the static sizes.
+  (asymmetric, floor) is F.interpolate's "nearest"; the rest gather rows/columns (index_select) at
+  indices computed here from the static sizes.
 - linear: half_pixel / pytorch_half_pixel (align_corners=False) and align_corners.
 - cubic: half_pixel / pytorch_half_pixel and align_corners with cubic_coeff_a=-0.75 and
   exclude_outside=0 (torch's bicubic).
@@ -87,15 +87,16 @@ def _resize(ctx, x, scales, sizes, *, mode, coord, nearest_mode, cubic_coeff_a, 
     nsp = rank - 2
     if nsp < 1 or nsp > 3:
         ctx.fail(f"a rank-{rank} input: Resize of 1 to 3 spatial dims is supported")
-    # torch maps coordinates with in/out for a size and with 1/scale for a scale factor, as ONNX does for each
-    kw = {"size": sizes[2:]} if from_sizes else {"scale_factor": scales[2:], "recompute_scale_factor": False}
+    # torch maps coordinates with in/out for a size and with 1/scale for a scale factor, as ONNX does for each;
+    # a scale that gives a whole size is that size (the form every backend lowers the same way)
+    exact = all(abs(i * s - o) < 1e-9 for i, s, o in zip(in_shape[2:], scales[2:], sizes[2:]))
+    kw = {"size": sizes[2:]} if from_sizes or exact else {"scale_factor": scales[2:], "recompute_scale_factor": False}
     if mode == "nearest":
         if nearest_mode not in _NEAREST:
             ctx.fail(f"nearest_mode={nearest_mode!r}; ONNX defines {', '.join(_NEAREST)}")
         if coord == "asymmetric" and nearest_mode == "floor":
             return F.interpolate(x, mode="nearest", **kw)
-        if coord == "half_pixel" and nearest_mode == "round_prefer_ceil":
-            return F.interpolate(x, mode="nearest-exact", **kw)
+        # the rest (nearest-exact among them: torch exports it as an index the edge backend refuses) gather
         return _nearest_by_gather(x, sizes, scales, coord, nearest_mode)
     if mode in ("linear", "cubic"):
         if coord not in ("half_pixel", "pytorch_half_pixel", "align_corners"):
@@ -103,6 +104,13 @@ def _resize(ctx, x, scales, sizes, *, mode, coord, nearest_mode, cubic_coeff_a, 
                      "(half_pixel, pytorch_half_pixel and align_corners are)")
         if coord == "half_pixel" and any(s == 1 for s in sizes[2:]) and any(i != 1 for i in in_shape[2:]):
             ctx.fail("half_pixel to an output size of 1 differs from torch's; use pytorch_half_pixel")
+        if coord == "pytorch_half_pixel" and any(s == 1 for s in sizes[2:]):
+            # ONNX samples coordinate 0 for an output size of 1 (torch would sample the middle): take row 0 first
+            for d in range(2, rank):
+                if sizes[d] == 1:
+                    x = x.narrow(d, 0, 1)
+            if "size" not in kw:
+                kw = {"size": sizes[2:]}
         if mode == "cubic":
             if abs(cubic_coeff_a + 0.75) > 1e-6 or exclude_outside:
                 ctx.fail(f"cubic with cubic_coeff_a={cubic_coeff_a}, exclude_outside={exclude_outside} is not "

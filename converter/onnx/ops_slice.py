@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import axis_of, ints
+from .common import axis_of, ints, pad_or_crop
 from .registry import TABLE as T
 
 __all__: list[str] = []
@@ -104,7 +104,7 @@ def pad(ctx, x, pads, value=None, axes=None, *, mode):
         if isinstance(value, torch.Tensor):
             ctx.fail("constant_value is computed at run time; the importer needs it known when the model is built")
         v = float(np.asarray(value).reshape(-1)[0]) if value is not None and np.asarray(value).size else 0.0
-        return F.pad(x, fpad, value=v)
+        return pad_or_crop(x, begin, end, v)
     if rank - first > 3:
         ctx.fail(f"mode={mode!r} pads at most the last 3 dims of the input; pads {pads} pad {rank - first}")
     # torch's non-constant pads want (N, C, spatial...): fold every unpadded leading dim into one "channel"
