@@ -1,0 +1,182 @@
+"""Large models (#16): conversion wall time and peak RSS, ours vs litert-torch 0.10.
+
+    .venv/bin/python bench/large.py [--models llama0.5b,llama1.1b] [--modes stream,delete,loader,peer,memory]
+
+Each model is a Llama-style transformers LlamaForCausalLM, random init (seeded), float32, saved once
+as a model directory (safetensors) under --work (default: $TMPDIR/tpu-export-bench-large). Each
+conversion runs in a fresh process that
+loads the model and converts `ids [1, 16] -> logits`; peak RSS is that process's ru_maxrss
+(everything: torch, the loaded model, the conversion), "x weights" is peak RSS / weight bytes.
+
+Modes (ours unless named):
+  memory   convert() with no path: the classic bytes in memory (the pre-#16 path)
+  stream   the module loaded in memory, output_file_path=... (weights streamed into the file)
+  delete   stream + delete_in_memory_params=True (parameters freed as they are written)
+  loader   the module built on the meta device, weights_loader=safetensors_loader(model dir):
+           weights read one tensor at a time, never all in memory (the "model directory" path)
+  peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
+           own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
+Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
+Runs one conversion at a time; check `free -g` first (the 1.1B peer run needs ~3x its 4.4 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_PY = os.path.join(ROOT, ".bench-venv-peer", "bin", "python")
+
+CONFIGS = {
+    # ~0.49 B: the issue's 492 M Llama-style decoder
+    "llama0.5b": dict(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=25,
+                      num_attention_heads=16, num_key_value_heads=16),
+    # ~1.1 B: TinyLlama's shape
+    "llama1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                      num_attention_heads=32, num_key_value_heads=4),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2),
+}
+
+
+def _config(name):
+    import transformers
+
+    return transformers.LlamaConfig(**CONFIGS[name], tie_word_embeddings=False, max_position_embeddings=256,
+                                    torch_dtype="float32")
+
+
+def ensure_model(name: str, work: str) -> str:
+    folder = os.path.join(work, name)
+    if os.path.isfile(os.path.join(folder, "config.json")):
+        return folder
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_config(name)).eval()
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _wrapper(torch):
+    class LogitsOf(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module  # parameter names "module.<checkpoint key>": the loader strips "module."
+
+        def forward(self, ids):
+            return self.module(input_ids=ids, use_cache=False).logits
+
+    return LogitsOf
+
+
+def worker(mode: str, folder: str, out: str) -> None:
+    t_start = time.perf_counter()
+    import torch
+    import transformers
+
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
+    wrap = _wrapper(torch)
+    kwargs = {}
+    if mode == "loader":
+        cfg = transformers.AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            hf = transformers.LlamaForCausalLM(cfg).eval()
+        # non-persistent buffers are not in the checkpoint: the rotary table is rebuilt on the CPU
+        hf.model.rotary_emb = type(hf.model.rotary_emb)(cfg)
+        from converter.lazy_weights import safetensors_loader
+
+        kwargs["weights_loader"] = safetensors_loader(folder)
+    else:
+        hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    module = wrap(hf).eval()
+    t0 = time.perf_counter()
+    import litert_torch
+
+    if mode == "peer":
+        model = litert_torch.convert(module, (ids,), lightweight_conversion=True)
+        model.export(out)
+    elif mode == "memory":
+        model = litert_torch.convert(module, (ids,))
+        model.export(out)
+    else:
+        model = litert_torch.convert(module, (ids,), output_file_path=out, delete_in_memory_params=mode == "delete",
+                                     **kwargs)
+    convert_s = time.perf_counter() - t0
+    print(json.dumps({"mode": mode, "convert_s": round(convert_s, 1),
+                      "process_s": round(time.perf_counter() - t_start, 1),
+                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                      "size_gb": round(os.path.getsize(out) / 2**30, 3)}))
+
+
+def check_output(path: str, folder: str) -> float:
+    """max rel err of the .tflite's logits vs transformers (in a fresh process: the model is big)."""
+    code = f"""
+import sys, torch, transformers, numpy as np
+sys.path.insert(0, {ROOT!r})
+import litert_torch
+from tests.numerics import rel_err
+ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
+hf = transformers.LlamaForCausalLM.from_pretrained({folder!r}, torch_dtype=torch.float32).eval()
+with torch.no_grad():
+    want = hf(input_ids=ids, use_cache=False).logits
+del hf
+print(rel_err(litert_torch.load({path!r})(ids), want))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama0.5b,llama1.1b")
+    ap.add_argument("--modes", default="stream,delete,loader,peer")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tpu-export-bench-large"))
+    ap.add_argument("--check", action="store_true", help="also compare each .tflite's logits with transformers")
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    rows = []
+    for name in a.models.split(","):
+        folder = ensure_model(name, a.work)
+        wbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+        for mode in a.modes.split(","):
+            out = os.path.join(a.work, f"{name}-{mode}.tflite")
+            py = PEER_PY if mode == "peer" else sys.executable
+            env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
+            r = subprocess.run([py, os.path.abspath(__file__), "--worker", mode, folder, out],
+                               capture_output=True, text=True, env=env)
+            if r.returncode != 0:
+                print(f"{name} {mode}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
+                continue
+            row = json.loads(r.stdout.strip().splitlines()[-1])
+            row.update(model=name, weights_gb=round(wbytes / 2**30, 2),
+                       x_weights=round(row["peak_rss_gb"] * 2**30 / wbytes, 2))
+            if a.check:
+                row["rel_err"] = check_output(out, folder)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            os.remove(out)
+    print()
+    print(f"{'model':10s} {'mode':7s} {'weights GB':>10s} {'convert s':>9s} {'peak RSS GB':>11s} {'x weights':>9s} "
+          f"{'.tflite GB':>10s}")
+    for r in rows:
+        print(f"{r['model']:10s} {r['mode']:7s} {r['weights_gb']:10.2f} {r['convert_s']:9.1f} {r['peak_rss_gb']:11.2f} "
+              f"{r['x_weights']:9.2f} {r['size_gb']:10.3f}"
+              + (f"  rel err {r['rel_err']:.1e}" if "rel_err" in r else ""))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        sys.path.append(ROOT)  # appended: the peer venv's litert_torch must win over this repo's
+        worker(*sys.argv[2:5])
+    else:
+        sys.path.insert(0, ROOT)
+        main()
