@@ -1,0 +1,321 @@
+"""LLMs on the edge: ours (`tpu-export convert-lm --target android`) against litert-torch 0.10.0's `export_hf`,
+the same saved model directories, prefill 32, cache length and quantization, in the LiteRT-LM engine.
+
+    .venv/bin/python bench/llm.py [--models llama,gemma3] [--big] [--quant float,dynamic_int8] [--cache 1024]
+                                  [--threads 1] [--blocks 3] [--decode 64] [--keep DIR]
+
+Model directories (random weights, seeded, written by this script): a Llama-style ~110 M (vocab 32000, hidden 768,
+10 layers, GQA 12/4 heads, untied) and a Gemma-3-style ~100 M (vocab 65536 tied and scaled, hidden 640, 10 layers,
+4 heads / 1 KV head of 256, sliding window 512 on 5 of every 6 layers); --big adds a Llama-style ~1.1 B. Their
+tokenizer is a word-level `tokenizers` model with one word per id ("t0".."t<V-1>" beside <pad> <bos> <eos> <unk>),
+so that any id a random model emits reads back from the engine's text exactly.
+
+Per model and quantization, one conversion each in a fresh process (ours, then the peer's, in its own venv
+.bench-venv-peer-lm, installed here on first use): wall time of the process and peak RSS of its whole process tree
+(/proc polled every 50 ms, summed over descendants), bundle size. Then each bundle in the LiteRT-LM engine
+(litert_lm.Engine, CPU, --threads for both), each run in a fresh process, ours and the peer's alternating in
+--blocks blocks (the machine is shared and noisy): prefill ms of a 24-word prompt, decode ms per token (median of
+the intervals between streamed tokens), and the greedy tokens, compared with transformers' generate(do_sample=False)
+on the ids that engine fed (the peer's bundle makes the engine prepend <bos>; ours tokenizes as tokenizer.json).
+Goals, ours/peer: conversion <= 1/3 the time, peak RSS <= 0.7x, decode ms/token <= 0.90x, size <= 1.01x; float
+greedy agreement 100%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_VENV = os.path.join(ROOT, ".bench-venv-peer-lm")
+PEER_RECIPES = {"float": "none", "dynamic_int8": "dynamic_wi8_afp32", "dynamic_int4_block32": "dynamic_wi4b32_afp32",
+                "weight_only_int8": "weight_only_wi8_afp32"}
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CONFIGS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
+        num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        vocab_size=65536, hidden_size=640, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512, max_position_embeddings=4096,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(10)])),
+    "tiny": ("LlamaConfig", "LlamaForCausalLM", dict(  # a smoke test of this script, seconds
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)),
+    "llama1b": ("LlamaConfig", "LlamaForCausalLM", dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=4, max_position_embeddings=4096, tie_word_embeddings=False)),
+}
+
+
+def ensure_peer() -> str:
+    py = os.path.join(PEER_VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True)
+    r = subprocess.run([py, "-c", "import litert_torch, tensorflow, importlib.metadata as m; "
+                        "print(m.version('litert-torch'))"], capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip().startswith("0.10.0"):
+        # torch pinned to the local CPU wheel (an unpinned one pulls CUDA); export_hf imports TensorFlow undeclared
+        subprocess.run([py, "-m", "pip", "install", "-q", "torch==2.13.0", "litert-torch==0.10.0",
+                        "tensorflow-cpu==2.21.0"], check=True)
+    return py
+
+
+def save_model_dir(name: str, path: str) -> str:
+    """A seeded random-init model directory with a word-level tokenizer covering every id."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    cfg_cls, model_cls, kw = CONFIGS[name]
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    cfg = getattr(transformers, cfg_cls)(**kw, **ids)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(cfg).eval()
+    model.generation_config = transformers.GenerationConfig(**ids)
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    vocab.update({f"t{i}": i for i in range(len(SPECIALS), cfg.vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                                eos_token="<eos>", unk_token="<unk>")
+    fast.save_pretrained(path)
+    return path
+
+
+class TreeRss:
+    """Peak resident memory of a process and all its descendants, summed, polled from /proc."""
+
+    def __init__(self, pid: int, every: float = 0.05):
+        self.pid, self.every, self.peak, self._stop = pid, every, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _tree(self) -> list[int]:
+        parent = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as f:
+                        parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, IndexError, ValueError):
+                    pass
+        tree, frontier = [self.pid], [self.pid]
+        while frontier:
+            frontier = [p for p, pp in parent.items() if pp in frontier]
+            tree += frontier
+        return tree
+
+    def _run(self):
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            total = 0
+            for p in self._tree():
+                try:
+                    with open(f"/proc/{p}/statm") as f:
+                        total += int(f.read().split()[1]) * page
+                except (OSError, IndexError, ValueError):
+                    pass
+            self.peak = max(self.peak, total)
+            self._stop.wait(self.every)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
+
+
+def run_measured(cmd, env=None, timeout=3600) -> dict:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    rss = TreeRss(p.pid)
+    out, err = p.communicate(timeout=timeout)
+    wall = time.perf_counter() - t0
+    info = {"wall_s": wall, "peak_rss_mb": rss.stop(), "rc": p.returncode}
+    if p.returncode != 0:
+        info["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            info.update(json.loads(line))
+            break
+    return info
+
+
+def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache: int) -> dict:
+    if impl == "ours":
+        cmd = [os.path.join(os.path.dirname(sys.executable), "tpu-export"), "convert-lm", model_dir, "--target",
+               "android", "--prefill", "32", "--cache", str(cache), "-o", out]
+        cmd += [] if quant == "float" else ["--quantize", quant]
+        info = run_measured(cmd)
+        info["bundle"] = os.path.join(out, "android", "model.litertlm")
+    else:
+        cmd = [peer_py, os.path.join(ROOT, "bench", "_llm_peer_worker.py"), model_dir, out, "32", str(cache),
+               PEER_RECIPES[quant]]
+        info = run_measured(cmd)
+        info.setdefault("bundle", os.path.join(out, "model.litertlm"))
+    if "error" not in info:
+        info["size_mb"] = os.path.getsize(info["bundle"]) / 2**20
+    return info
+
+
+def engine_worker(bundle: str, prompt: str, threads: int, decode: int):
+    """In a fresh process: load the bundle, prefill the prompt, decode `decode` greedy tokens; one JSON line with the
+    engine's own timings (its benchmark info: the prefill's and the decode's tokens/s; streamed chunks carry several
+    tokens each, so their arrival times do not time a step) and the text."""
+    import litert_lm
+
+    litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
+    t0 = time.perf_counter()
+    eng = litert_lm.Engine(bundle, backend=litert_lm.Backend.CPU(thread_count=threads), enable_benchmark=True)
+    s = eng.create_session(apply_prompt_template=False, max_output_tokens=decode,
+                           sampler_config=litert_lm.SamplerConfig(top_k=1, temperature=0.0))
+    t1 = time.perf_counter()
+    s.run_prefill([prompt])
+    t2 = time.perf_counter()
+    text = s.run_decode().texts[0]
+    t3 = time.perf_counter()
+    info = s.get_benchmark_info()
+    print(json.dumps({
+        "init_s": t1 - t0, "prefill_ms": 1e3 * info.last_prefill_token_count / info.last_prefill_tokens_per_second,
+        "prefill_tokens": info.last_prefill_token_count, "decode_ms": 1e3 / info.last_decode_tokens_per_second,
+        "decode_tokens": info.last_decode_token_count, "prefill_wall_ms": (t2 - t1) * 1e3,
+        "decode_wall_ms_per_token": (t3 - t2) * 1e3 / max(len(ids_of(text)), 1), "text": text,
+        "prompt_ids": eng.tokenize(prompt), "bos": eng.bos_token_id}))
+    s.close()
+    eng.close()
+
+
+def ids_of(text: str) -> list[int]:
+    words = {w: i for i, w in enumerate(SPECIALS)}
+    found = re.finditer(r"t(\d+)|<pad>|<bos>|<eos>|<unk>", text)
+    return [int(m.group(1)) if m.group(1) else words[m.group(0)] for m in found]
+
+
+def agreement(model_dir: str, runs: dict, n: int) -> dict:
+    """Per impl: tokens (of the first n) equal to transformers' greedy continuation of the ids its engine fed."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    out = {}
+    for impl, r in runs.items():
+        fed = ([r["bos"]] if r.get("bos") is not None else []) + r["prompt_ids"]
+        with torch.no_grad():
+            want = model.generate(torch.tensor([fed]), max_new_tokens=n, do_sample=False)[0, len(fed):].tolist()
+        got = ids_of(r["text"])[:n]
+        out[impl] = sum(a == b for a, b in zip(got, want)) / n
+    return out
+
+
+def engine_runs(bundles: dict, prompt: str, threads: int, decode: int, blocks: int) -> dict:
+    """{impl: run}: a first (cold) load each, then `blocks` alternating fresh-process runs; medians of those."""
+    def once(bundle):
+        return run_measured([sys.executable, os.path.abspath(__file__), "--engine-worker", bundle, "--prompt", prompt,
+                             "--threads", str(threads), "--decode", str(decode)], timeout=1800)
+
+    runs = {impl: [] for impl in bundles}
+    cold = {impl: once(b) for impl, b in bundles.items()}  # writes the engine's xnnpack weight cache
+    for _ in range(blocks):
+        for impl, b in bundles.items():
+            runs[impl].append(once(b))
+    out = {}
+    for impl, rs in runs.items():
+        ok = [r for r in rs if "error" not in r and r.get("decode_ms") is not None]
+        if not ok:
+            out[impl] = {"error": (rs or [cold[impl]])[0].get("error", "no decode timing")}
+            continue
+        keys = ("prefill_ms", "prefill_wall_ms", "decode_ms", "decode_wall_ms_per_token", "init_s", "peak_rss_mb")
+        out[impl] = {**ok[0], "cold_init_s": cold[impl].get("init_s"), "runs": len(ok),
+                     **{k: statistics.median(r[k] for r in ok) for k in keys}}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="llama,gemma3")
+    ap.add_argument("--big", action="store_true", help="add the ~1.1 B Llama")
+    ap.add_argument("--quant", default="float,dynamic_int8", help=f"of {', '.join(PEER_RECIPES)}")
+    ap.add_argument("--cache", type=int, default=1024)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--blocks", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--keep", help="work folder to keep (model directories are reused from it)")
+    ap.add_argument("--engine-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--prompt", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.engine_worker:
+        return engine_worker(a.engine_worker, a.prompt, a.threads, a.decode)
+    import random
+
+    peer_py = ensure_peer()
+    work = a.keep or tempfile.mkdtemp(prefix="bench-llm-")
+    os.makedirs(work, exist_ok=True)
+    models = a.models.split(",") + (["llama1b"] if a.big else [])
+    rng = random.Random(0)
+    rows = []
+    for name in models:
+        model_dir = save_model_dir(name, os.path.join(work, name))
+        vocab = CONFIGS[name][2]["vocab_size"]
+        prompt = " ".join(f"t{rng.randrange(len(SPECIALS), vocab)}" for _ in range(24))
+        for quant in a.quant.split(","):
+            row = {"model": name, "quant": quant}
+            for impl in ("ours", "peer"):
+                out = os.path.join(work, f"{name}.{quant}.{impl}")
+                subprocess.run(["rm", "-rf", out], check=True)
+                row[impl] = convert(impl, peer_py, model_dir, out, quant, a.cache)
+                print(f"{name} {quant} {impl}: {json.dumps(row[impl])}", file=sys.stderr, flush=True)
+            bundles = {impl: row[impl]["bundle"] for impl in ("ours", "peer") if "error" not in row[impl]}
+            for impl, r in engine_runs(bundles, prompt, a.threads, a.decode, a.blocks).items():
+                row[impl]["engine"] = r
+            ran = {impl: row[impl]["engine"] for impl in bundles if "error" not in row[impl]["engine"]}
+            for impl, agree in agreement(model_dir, ran, min(32, a.decode)).items():
+                row[impl]["agree"] = agree
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            rows.append(row)
+    with open(os.path.join(work, "results.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    report(rows, a)
+
+
+def report(rows, a):
+    print(f"cache {a.cache}, prefill 32, engine CPU threads {a.threads}, {a.blocks} runs each, "
+          f"decode {a.decode} tokens")
+    print(f"{'model':8s} {'quant':13s} {'conv s ours/peer':>17s} {'x faster':>8s} {'rss MB ours/peer':>17s} "
+          f"{'ratio':>5s} {'MB ours/peer':>15s} {'ratio':>5s} {'prefill ms':>13s} {'prefill wall':>13s} "
+          f"{'decode ms/tok':>15s} {'ratio':>5s} "
+          f"{'agree ours/peer':>15s}")
+    for r in rows:
+        o, p = r["ours"], r["peer"]
+        if "error" in o or "error" in p:
+            print(f"{r['model']:8s} {r['quant']:13s} ours: {o.get('error', 'ok')}  peer: {p.get('error', 'ok')}")
+            continue
+        oe, pe = o.get("engine", {}), p.get("engine", {})
+        dec = (f"{oe['decode_ms']:6.2f}/{pe['decode_ms']:<6.2f} {oe['decode_ms'] / pe['decode_ms']:5.2f}"
+               if "decode_ms" in oe and "decode_ms" in pe
+               else f"ours {oe.get('error', '?')} peer {pe.get('error', '?')}")
+        pre = f"{oe.get('prefill_ms', float('nan')):6.1f}/{pe.get('prefill_ms', float('nan')):<6.1f}"
+        pre_wall = f"{oe.get('prefill_wall_ms', float('nan')):6.1f}/{pe.get('prefill_wall_ms', float('nan')):<6.1f}"
+        print(f"{r['model']:8s} {r['quant']:13s} {o['wall_s']:8.1f}/{p['wall_s']:<8.1f} "
+              f"{p['wall_s'] / o['wall_s']:8.2f} "
+              f"{o['peak_rss_mb']:8.0f}/{p['peak_rss_mb']:<8.0f} {o['peak_rss_mb'] / p['peak_rss_mb']:5.2f} "
+              f"{o['size_mb']:7.1f}/{p['size_mb']:<7.1f} {o['size_mb'] / p['size_mb']:5.3f} "
+              f"{pre:>13s} {pre_wall:>13s} {dec:>21s} "
+              f"{o.get('agree', float('nan')):7.2f}/{p.get('agree', float('nan')):<7.2f}")
+    print("goals ours/peer: x faster >= 3, rss ratio <= 0.7, size ratio <= 1.01, decode ratio <= 0.90, "
+          "float agree 1.00")
+
+
+if __name__ == "__main__":
+    main()
