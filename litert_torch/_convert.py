@@ -15,11 +15,20 @@ class Converter:
         self._requests: list = []
 
     def signature(self, name: str, module, sample_args=None, sample_kwargs=None, *,
-                  dynamic_shapes: Any = None) -> "Converter":
+                  dynamic_shapes: Any = None, dim_sizes: dict | None = None) -> "Converter":
+        """``module``: an nn.Module, ExportedProgram, .pt2 path, or an ONNX model (an .onnx path or an
+        onnx.ModelProto: sample inputs optional; ``dim_sizes={"batch": 1}`` fixes its named dims)."""
         from converter import SignatureRequest
+        from converter.onnx import is_onnx
 
         if any(r.name == name for r in self._requests):
             raise ValueError(f"signature {name!r} was already added")
+        if is_onnx(module):
+            from converter.onnx import capture_inputs
+
+            module, sample_args, dynamic_shapes = capture_inputs(module, sample_args, dynamic_shapes, dim_sizes)
+        elif dim_sizes is not None:
+            raise TypeError("dim_sizes is for ONNX models (an .onnx path or a ModelProto)")
         args = () if sample_args is None else sample_args
         self._requests.append(SignatureRequest(name, module, args, sample_kwargs, dynamic_shapes))
         return self
@@ -27,7 +36,7 @@ class Converter:
     def convert(self, module=None, sample_args=None, sample_kwargs=None, *, strict_export="auto",
                 quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False,
                 output_file_path=None, lightweight_conversion=False, delete_in_memory_params=False,
-                weights_loader=None, progress=None):
+                weights_loader=None, progress=None, dim_sizes=None):
         from converter import prepare_many
         from converter.gc_pause import gc_paused
         from edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
@@ -39,7 +48,8 @@ class Converter:
             raise ValueError(f"calibration_data is only used by static int8 quantization; quant_config is "
                              f"{quant_config!r}")
         if module is not None:
-            self.signature("serving_default", module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes)
+            self.signature("serving_default", module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes,
+                           dim_sizes=dim_sizes)
         if not self._requests:
             raise ValueError("nothing to convert: pass a module, or add signatures with .signature(...)")
         modules = [r.module for r in self._requests]
@@ -68,8 +78,12 @@ class Converter:
 
 def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto", quant_config=None,
             calibration_data=None, dynamic_shapes=None, enable_x64=False, output_file_path=None,
-            lightweight_conversion=False, delete_in_memory_params=False, weights_loader=None, progress=None):
+            lightweight_conversion=False, delete_in_memory_params=False, weights_loader=None, progress=None,
+            dim_sizes=None):
     """Convert ``module`` (called as module(*sample_args, **sample_kwargs)) to a LiteRT Model.
+
+    ``module`` may be an ONNX model: an ``.onnx`` path or an ``onnx.ModelProto`` (sample inputs optional;
+    ``dim_sizes={"batch": 1}`` fixes named dims, the others stay dynamic).
 
     ``quant_config``: a scheme name ("dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16",
     "static_int8"), a ``QuantConfig`` (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an
@@ -92,9 +106,11 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
                                dynamic_shapes=dynamic_shapes, enable_x64=enable_x64,
                                output_file_path=output_file_path, lightweight_conversion=lightweight_conversion,
                                delete_in_memory_params=delete_in_memory_params, weights_loader=weights_loader,
-                               progress=progress)
+                               progress=progress, dim_sizes=dim_sizes)
 
 
-def signature(name: str, module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None) -> Converter:
+def signature(name: str, module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None,
+              dim_sizes=None) -> Converter:
     """Start a multi-signature conversion: signature(...).signature(...).convert()."""
-    return Converter().signature(name, module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes)
+    return Converter().signature(name, module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes,
+                                 dim_sizes=dim_sizes)

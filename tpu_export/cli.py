@@ -66,7 +66,13 @@ def cmd_convert(a) -> int:
     if len(targets) != len(a.target):
         raise CliError("a target is named twice; give each --target once (its options after a colon)")
     module, args, kwargs = load_model_spec(a.model)
-    dyn = None
+    dyn, dims = None, None
+    if a.model.lower().endswith(".onnx"):
+        if a.dynamic_batch:
+            raise CliError("an .onnx file's named dims (dim_param) are dynamic already; fix one with --dim NAME=SIZE")
+        dims = dict(_dim_spec(d) for d in a.dim or ())
+    elif a.dim:
+        raise CliError("--dim sets the named dims of an .onnx MODEL; this MODEL is not one")
     if a.dynamic_batch:
         import torch
 
@@ -80,7 +86,7 @@ def cmd_convert(a) -> int:
         if value not in (None, False):
             shared[_OPTION[key][0]] = _OPTION[key][1](str(value), key)
     written = convert(module, args, kwargs, targets=targets, out_dir=a.output, dynamic_shapes=dyn,
-                      progress=_progress(a.quiet), **shared)
+                      progress=_progress(a.quiet), dim_sizes=dims, **shared)
     for t, p in written.items():
         print(f"{t}: {p}")
     return 0
@@ -119,6 +125,14 @@ def cmd_generate(a) -> int:
     print(flush=True)
     print(res.timing_line(), file=sys.stderr, flush=True)
     return 0
+
+
+def _dim_spec(item: str) -> tuple[str, int]:
+    """'batch=1' -> ("batch", 1): a size for an .onnx input's named dim."""
+    name, eq, size = item.partition("=")
+    if not eq or not name or not size.isdigit() or int(size) < 1:
+        raise CliError(f"--dim takes NAME=SIZE with a positive size (e.g. --dim batch=1), got {item!r}")
+    return name, int(size)
 
 
 def _bool(text: str, key: str) -> bool:
@@ -264,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", help="convert a model for one or more targets", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("model", help="a .pt2 file (torch.export.save) or package.module:factory returning (module, args)")
+    c.add_argument("model", help="a .pt2 file (torch.export.save), an .onnx file, or package.module:factory "
+                                 "returning (module, args)")
     c.add_argument("--target", action="append", required=True, metavar="NAME[:KEY=VALUE,...]",
                    help="repeatable; see `tpu-export targets`. Options after a colon apply to that target only "
                         f"(keys: {', '.join(_OPTION)}; e.g. iot:calibration=cal.npz,ram-kib=256); the flags "
@@ -278,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--calibration", metavar="FILE.npz", help="calibration inputs for static_int8 (first dim = sample)")
     c.add_argument("--dynamic-batch", action="store_true", help="export dim 0 of every input as dynamic")
     c.add_argument("--max-batch", type=int, default=1024)
+    c.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                   help="repeatable; .onnx MODEL: give a named input dim (dim_param) a fixed size; the other "
+                        "named dims stay dynamic")
     c.add_argument("--channel-last", action="store_true", help="edge: NHWC image inputs/outputs")
     c.add_argument("--strict", action="store_true", help="fail if any op falls back off the target's accelerator")
     c.add_argument("--quiet", action="store_true")

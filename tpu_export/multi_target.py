@@ -40,9 +40,13 @@ def convert(
     strict="auto",
     enable_x64=False,
     progress: Callable[[str], None] | None = None,
+    dim_sizes: dict | None = None,
     **options,
 ) -> dict[str, str]:
     """Capture ``module`` once and write one artifact per target into ``out_dir``.
+
+    ``module`` may also be an ``.onnx`` path or an ``onnx.ModelProto`` (no sample inputs needed: shapes come
+    from the graph; ``dim_sizes={"batch": 1}`` fixes named dims, the others stay dynamic).
 
     ``targets``: a list of target names (``tpu-export targets``), or {name: options} where each target's
     options are a dict (or its options dataclass, targets/options.py). ``**options`` are shared: each
@@ -58,6 +62,16 @@ def convert(
     backends = {t.backend: _backend(t.backend) for t in resolved}
 
     t0 = time.perf_counter()
+    from converter.onnx import is_onnx
+
+    if is_onnx(module):
+        from converter.onnx import capture_inputs
+
+        say("import: ONNX graph -> torch module")
+        module, sample_args, dynamic_shapes = capture_inputs(module, sample_args, dynamic_shapes, dim_sizes)
+    elif dim_sizes is not None:
+        raise TypeError("dim_sizes is for ONNX models (an .onnx path or a ModelProto); give a torch model "
+                        "dynamic_shapes instead")
     say("capture: torch.export + core ATen decomposition + shared passes")
     req = SignatureRequest("serving_default", module, sample_args if sample_args is not None else (), sample_kwargs,
                            dynamic_shapes)

@@ -11,10 +11,12 @@ import os
 
 from ..lazy_exports import lazy_getattr
 
-__all__ = ["import_onnx", "is_onnx", "ImportedOnnx", "OnnxImportError", "UnsupportedOnnxOpsError", "onnx_ops"]
+__all__ = ["import_onnx", "capture_inputs", "is_onnx", "ImportedOnnx", "OnnxImportError", "UnsupportedOnnxOpsError",
+           "onnx_ops"]
 
 _WHERE = {
     "import_onnx": "importer",
+    "capture_inputs": "importer",
     "ImportedOnnx": "importer",
     "UnsupportedOnnxOpsError": "importer",
     "OnnxImportError": "load",

@@ -26,7 +26,7 @@ import torch
 from .load import OnnxImportError, check_and_infer, load_model
 from .registry import CONTRIB_DOMAIN, ONNX_OPSETS, REQUIRED, load_ops
 
-__all__ = ["ImportedOnnx", "import_onnx", "UnsupportedOnnxOpsError", "NodeContext", "ONNX_DTYPES"]
+__all__ = ["ImportedOnnx", "import_onnx", "capture_inputs", "UnsupportedOnnxOpsError", "NodeContext", "ONNX_DTYPES"]
 
 
 class UnsupportedOnnxOpsError(OnnxImportError):
@@ -463,3 +463,11 @@ def _signature(graph_inputs, sample_args, dim_sizes, where):
             samples.append(torch.zeros(shape, dtype=dtype))
         dyn.append(spec or None)
     return tuple(samples), (tuple(dyn) if dims else None), names
+
+
+def capture_inputs(model, sample_args=None, dynamic_shapes=None, dim_sizes=None) -> tuple:
+    """(module, sample_args, dynamic_shapes) to capture an ONNX model with: what the entry points
+    (tpu_export.convert, litert_torch.convert, the CLI) call for an .onnx path or a ModelProto. A caller's
+    dynamic_shapes replace the ones made from the graph's dim_params."""
+    imp = import_onnx(model, sample_args, dim_sizes=dim_sizes)
+    return imp.module, imp.sample_args, (dynamic_shapes if dynamic_shapes is not None else imp.dynamic_shapes)
