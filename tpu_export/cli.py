@@ -102,6 +102,10 @@ def cmd_convert_lm(a) -> int:
         lengths = tuple(int(x) for x in a.prefill.split(",") if x.strip())
     except ValueError:
         raise CliError(f"--prefill takes lengths separated by commas (e.g. 32,128), got {a.prefill!r}") from None
+    if a.quiet:  # transformers' weight-loading progress bar too (a setting of this process)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     written = convert_lm(a.model_dir, targets, a.output, prefill_lengths=lengths, cache_len=a.cache,
                          quantize=a.quantize, progress=_progress(a.quiet))
     for t, files in written.items():
