@@ -21,7 +21,7 @@ from tpu_export.generate import Sampling  # noqa: E402
 from tpu_export.generators import load_generator  # noqa: E402
 
 NEW = 32
-PROMPT = "the cache holds keys"  # 5 tokens of the test tokenizer: prefill_8
+PROMPT = "the cache holds keys"  # 4 tokens of the test tokenizer: prefill_8
 TIMING = re.compile(r"^prefill: [\d.]+ ms \(\d+ tokens\); decode: [\d.]+ tokens/s \(\d+ new tokens\)", re.M)
 
 
@@ -142,9 +142,16 @@ def test_pickled_weights_and_missing_tokenizer_are_one_line_errors(model_dir, tm
     assert not (tmp_path / "o").exists()
 
 
-def test_prompt_longer_than_every_prefill_is_one_line(out, capsys):
+def test_prompt_longer_than_every_prefill_and_a_full_cache_are_one_line(out, capsys):
     err = _one_line_error(capsys, ["generate", str(out / "tpu-v6e"), "--prompt", PROMPT * 6])
     assert "the exported prefill lengths are [8, 16]" in err
+    err = _one_line_error(capsys, ["generate", str(out / "tpu-v6e"), "--prompt", PROMPT, "--max-new-tokens", "62"])
+    assert "4 prompt tokens + 62 new tokens need 65 cache slots; the cache holds 64" in err
+    bundle = str(out / "android/model.litertlm")
+    err = _one_line_error(capsys, ["generate", bundle, "--prompt", PROMPT, "--max-new-tokens", "61"])
+    assert "4 prompt tokens + 61 new tokens exceed" in err and "max_num_tokens 64" in err
+    assert main(["generate", bundle, "--prompt", PROMPT, "--max-new-tokens", "60"]) == 0  # exactly full: all 60
+    assert TIMING.search(capsys.readouterr().err).group(0).endswith("(60 new tokens)")
 
 
 def test_a_foreign_out_dir_is_not_replaced(model_dir, tmp_path, capsys):

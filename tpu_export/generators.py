@@ -19,7 +19,7 @@ import os
 import time
 from typing import Callable
 
-from .generate import Sampling, generate_ids
+from .generate import CacheFullError, Sampling, generate_ids
 
 __all__ = ["EngineGenerator", "GeneratorError", "LoopGenerator", "TextResult", "load_generator"]
 
@@ -210,7 +210,7 @@ class EngineGenerator:
 
         if quiet:  # the engine logs every section it does not find at WARNING; process-wide, so only when asked
             litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
-        self.path = path
+        self.path, self._meta = path, None
         backend = litert_lm.Backend.CPU(thread_count=threads) if threads else litert_lm.Backend.CPU()
         try:
             self.engine = litert_lm.Engine(path, backend=backend, enable_benchmark=True)
@@ -228,7 +228,12 @@ class EngineGenerator:
                litert_lm.SamplerConfig(top_k=s.top_k or _ALL_TOKENS, top_p=s.top_p or 1.0,
                                        temperature=s.temperature, seed=s.seed))
         if chat:  # rendered here, as for our loop: the session API does not apply the bundle's template itself
-            prompt = render_chat(self._template(), prompt, self.path)
+            prompt = render_chat(self._llm_meta().get("jinja_prompt_template"), prompt, self.path)
+        limit, n = self._llm_meta().get("max_num_tokens"), len(self.engine.tokenize(prompt))
+        # the engine counts prompt + reply against max_num_tokens and stops short silently past it: say it first
+        if limit and n + max_new_tokens > int(limit):
+            raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens exceed {self.path}'s max_num_tokens "
+                                 f"{limit}: lower max_new_tokens or re-export with a longer cache")
         session = self.engine.create_session(apply_prompt_template=False, sampler_config=cfg,
                                              max_output_tokens=max_new_tokens)
         try:
@@ -250,11 +255,11 @@ class EngineGenerator:
         return TextResult("".join(parts), info.last_prefill_token_count or None, info.last_decode_token_count,
                           prefill_ms, tps)
 
-    def _template(self) -> str | None:
-        from edge.litertlm import read_litertlm
+    def _llm_meta(self) -> dict:
+        """The bundle's LlmMetadata (max_num_tokens, stop tokens, jinja_prompt_template) as a dict."""
+        if self._meta is None:
+            from edge.litertlm import read_litertlm
 
-        for sec in read_litertlm(self.path)["sections"]:
-            template = sec.get("metadata", {}).get("jinja_prompt_template")
-            if template:
-                return template
-        return None
+            self._meta = next((sec["metadata"] for sec in read_litertlm(self.path)["sections"]
+                               if sec["type"] == "LlmMetadataProto" and "metadata" in sec), {})
+        return self._meta
