@@ -27,8 +27,8 @@ import weakref
 import numpy as np
 import torch
 
-__all__ = ["materialize", "restore", "drop_pages", "safetensors_loader", "load_one", "WeightsLoaderError",
-           "StorageReleaser"]
+__all__ = ["materialize", "restore", "drop_pages", "drop_all_pages", "safetensors_loader", "load_one",
+           "WeightsLoaderError", "StorageReleaser"]
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
@@ -89,15 +89,20 @@ class _Spool:
         return True
 
 
-def drop_pages(array) -> None:
+def drop_pages(array) -> bool:
     """If ``array`` views a spool, give its pages back to the kernel (they are re-read from the
-    file if used again). Anything else is left alone: a no-op without a conversion's spool."""
+    file if used again) and return True. Anything else is left alone (False): a no-op without a
+    conversion's spool."""
     if not _SPOOLS or not isinstance(array, np.ndarray) or not array.nbytes:
-        return
+        return False
     addr = array.__array_interface__["data"][0]
+    return any(sp.drop(addr, array.nbytes) for sp in list(_SPOOLS))
+
+
+def drop_all_pages() -> None:
+    """Give back every spool page read so far (after a computation read weights from them)."""
     for sp in list(_SPOOLS):
-        if sp.drop(addr, array.nbytes):
-            return
+        sp.drop(sp.base, sp.size)
 
 
 def load_one(loader, name: str, like: torch.Tensor) -> torch.Tensor | None:

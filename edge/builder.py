@@ -17,6 +17,7 @@ one buffer at a time. TFLite's own converter and ai-edge-quantizer write the sam
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 
 import numpy as np
@@ -76,6 +77,35 @@ def options(kind: str, **fields):
     return getattr(s.BuiltinOptions, f"{kind}Options"), obj
 
 
+_SPILL_FROM = 1 << 20
+
+
+class _Spilled:
+    """An array's bytes parked in the builder's spill file: (file, offset, length)."""
+
+    __slots__ = ("file", "offset", "n")
+
+    def __init__(self, file, offset: int, n: int):
+        self.file, self.offset, self.n = file, offset, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def chunks(self, size: int = 64 << 20):
+        self.file.flush()
+        fd = self.file.fileno()
+        for i in range(0, self.n, size):
+            yield os.pread(fd, min(size, self.n - i), self.offset + i)
+
+
+def _emit(f, data) -> None:
+    if isinstance(data, _Spilled):
+        for c in data.chunks():
+            f.write(c)
+    else:
+        f.write(data)
+
+
 def _raw(array) -> np.ndarray:
     """The bytes of ``array`` in C order as a flat uint8 array, without a copy when it is
     contiguous (a torch parameter's numpy view stays a view)."""
@@ -105,7 +135,8 @@ class _AlignedBuffer:
             builder.head = builder.head - n
             skipped = getattr(builder, "tpu_export_skipped", None)
             if skipped is None:
-                builder.Bytes[builder.head : builder.head + n] = memoryview(self.data)
+                data = b"".join(self.data.chunks()) if isinstance(self.data, _Spilled) else self.data
+                builder.Bytes[builder.head : builder.head + n] = memoryview(data)
             else:  # streaming: leave the (untouched, zero) pages alone; write() puts the data there
                 skipped.append((len(builder.Bytes) - builder.head, self))
             builder.vectorNumElems = n
@@ -157,13 +188,36 @@ class ModelBuilder:
 
         data = _raw(array)
         digest = hashlib.blake2b(data, digest_size=20).digest() + str(len(data)).encode()
-        drop_pages(data)  # a weight mapped from disk: hashing paged it in; give the pages back
+        on_disk = drop_pages(data)  # a weight mapped from disk: hashing paged it in; give the pages back
         idx = self._buffer_by_digest.get(digest)
         if idx is None:
             idx = len(self.buffers)
-            self.buffers.append(_AlignedBuffer(data))
+            self.buffers.append(_AlignedBuffer(data if on_disk else self._spilled(data)))
             self._buffer_by_digest[digest] = idx
         return idx
+
+    def spill_to(self, folder: str | None) -> None:
+        """Keep large arrays the lowering computes (a norm's scale folded into a weight, a transposed
+        kernel) in an unlinked temp file in ``folder`` (None: the temp folder) instead of memory,
+        until they are written. For models written to a file: their copies would otherwise add
+        up to most of the weights (a Llama's q/k/v/gate/up weights carry the RMSNorm scale)."""
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix=".tpu-export-spill-", dir=folder)
+        os.unlink(path)
+        self._spill = os.fdopen(fd, "w+b")
+        self._spill_size = 0
+
+    def _spilled(self, data):
+        spill = getattr(self, "_spill", None)
+        if spill is None or data.nbytes < _SPILL_FROM:
+            return data
+        from converter.lazy_weights import drop_all_pages
+
+        spill.write(memoryview(data))
+        at, self._spill_size = self._spill_size, self._spill_size + data.nbytes
+        drop_all_pages()  # the weights the copy was computed from were paged in from their spool
+        return _Spilled(spill, at, data.nbytes)
 
     def opcode(self, code: int, version: int = 1) -> int:
         idx = self._opcodes.get(code)
@@ -297,7 +351,7 @@ class ModelBuilder:
         done = 0
         for k, (at, b) in enumerate(layout):
             f.write(b"\0" * (at - written))
-            f.write(b.data)
+            _emit(f, b.data)
             written = at + b.nbytes
             done += b.nbytes
             self._written(b, release)
@@ -322,7 +376,7 @@ class ModelBuilder:
         for k, (at, b) in enumerate(spans):
             f.write(view[pos:at])
             n = b.nbytes
-            f.write(b.data)
+            _emit(f, b.data)
             pos = at + n
             done += n
             self._written(b, release)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 
 import torch
 
@@ -93,11 +94,16 @@ def _structure(prog, to_channel_last_io=None) -> bytes:
     return json.dumps(out).encode()
 
 
-def lower_program(prog, to_channel_last_io=None) -> ModelBuilder:
-    """Every signature lowered into a ModelBuilder (its weights held by reference, not yet written)."""
+def lower_program(prog, to_channel_last_io=None, *, spill: bool = False,
+                  spill_folder: str | None = None) -> ModelBuilder:
+    """Every signature lowered into a ModelBuilder (its weights held by reference, not yet written).
+    ``spill``: arrays the lowering computes (folded weights) wait in a temp file in
+    ``spill_folder``, not in memory (for a model about to be written to a file)."""
     _decompose_unlowered(prog)
     check_support(prog, "edge", is_supported)
     model = ModelBuilder()
+    if spill:
+        model.spill_to(spill_folder)
     with torch.no_grad():
         for sig in prog.signatures.values():
             ins, outs = _channel_last_io(to_channel_last_io, sig.name)
@@ -133,8 +139,9 @@ def write_program(prog, path, *, to_channel_last_io=None, large: bool | None = N
     bytes; True forces it. ``progress(msg)`` gets a line per 256 MiB written (tensors, bytes,
     rate); ``release(array)`` runs once each weight array is in the file (it may free it).
     Returns the absolute path written."""
-    return write_model(lower_program(prog, to_channel_last_io), path, large=large, progress=progress,
-                       release=release)
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    return write_model(lower_program(prog, to_channel_last_io, spill=True, spill_folder=folder), path, large=large,
+                       progress=progress, release=release)
 
 
 def write_model(model: ModelBuilder, path, *, large: bool | None = None, progress=None, release=None) -> str:

@@ -125,11 +125,15 @@ def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_param
     Model over the file the weights were streamed into (``output_file_path``, or a temp file
     removed with the Model when lightweight or past 2 GiB)."""
     from converter.lazy_weights import StorageReleaser
+    from edge.builder import CLASSIC_LIMIT
     from edge.convert import lower_program, write_model
 
     from ._model import Model
 
-    model = lower_program(prog)
+    to_file = output_file_path is not None or lightweight
+    big = sum(w.numel() * w.element_size() for w in prog.weights.values()) > CLASSIC_LIMIT // 2
+    folder = os.path.dirname(os.path.abspath(os.fspath(output_file_path))) if output_file_path is not None else None
+    model = lower_program(prog, spill=to_file or big, spill_folder=folder)
     owned = [t for m in _modules(modules) for t in _tensors(m)] + list(prog.weights.values())
     if output_file_path is None and not lightweight and not model.is_large():
         data = model.finish()

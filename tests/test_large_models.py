@@ -70,6 +70,28 @@ def test_every_large_model_path_writes_the_in_memory_bytes(tmp_path):
     assert rel_err(got(ids), want) < 1e-5
 
 
+def test_folded_weights_spilled_to_disk_write_the_same_bytes(tmp_path):
+    """A norm's scale folded into the next linear's 1.5 MB weight: the copy waits in the builder's
+    spill file (not memory) until it is written; the file has the in-memory conversion's bytes."""
+    from converter import prepare
+    from edge.builder import _Spilled
+    from edge.convert import lower_program, write_model
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.RMSNorm(512), torch.nn.Linear(512, 768)).eval()
+    with torch.no_grad():
+        m[0].weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 512)
+    want = m(x).detach()
+    ref = litert_torch.convert(m, (x,)).tflite_model()
+    lowered = lower_program(prepare(m, (x,)), spill=True, spill_folder=str(tmp_path))
+    assert sum(isinstance(b.data, _Spilled) for b in lowered.buffers) == 1  # the folded weight
+    assert open(write_model(lowered, tmp_path / "a.tflite"), "rb").read() == ref
+    got = litert_torch.convert(m, (x,), output_file_path=tmp_path / "b.tflite", delete_in_memory_params=True)
+    assert got.tflite_model() == ref
+    assert rel_err(got(x), want) < 1e-5
+
+
 def test_weights_loader_errors_name_the_parameter():
     m, ids = _tied()
     with torch.device("meta"):
