@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from .cli_lm import add_lm_commands
+
 __all__ = ["main"]
 
 EPILOG = """examples:
@@ -89,45 +91,6 @@ def cmd_convert(a) -> int:
                       progress=_progress(a.quiet), dim_sizes=dims, **shared)
     for t, p in written.items():
         print(f"{t}: {p}")
-    return 0
-
-
-def cmd_convert_lm(a) -> int:
-    from targets.lm import convert_lm
-
-    targets = dict(_target_spec(t) for t in a.target)
-    if len(targets) != len(a.target):
-        raise CliError("a target is named twice; give each --target once (its options after a colon)")
-    try:
-        lengths = tuple(int(x) for x in a.prefill.split(",") if x.strip())
-    except ValueError:
-        raise CliError(f"--prefill takes lengths separated by commas (e.g. 32,128), got {a.prefill!r}") from None
-    if a.quiet:  # transformers' weight-loading progress bar too (a setting of this process)
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    written = convert_lm(a.model_dir, targets, a.output, prefill_lengths=lengths, cache_len=a.cache,
-                         quantize=a.quantize, progress=_progress(a.quiet))
-    for t, files in written.items():
-        for f, p in sorted(files.items()):
-            if f.startswith("model."):
-                print(f"{t}: {p}")
-    return 0
-
-
-def cmd_generate(a) -> int:
-    from .generate import Sampling
-    from .generators import load_generator
-
-    try:
-        sampling = Sampling(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    gen = load_generator(a.artifact, quiet=True)
-    res = gen.generate(a.prompt, a.max_new_tokens, sampling=sampling, chat=a.chat,
-                       on_text=lambda s: print(s, end="", flush=True))
-    print(flush=True)
-    print(res.timing_line(), file=sys.stderr, flush=True)
     return 0
 
 
@@ -305,32 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=cmd_convert)
 
-    lm = sub.add_parser("convert-lm", help="convert a causal LM (Hugging Face model directory) with its KV cache: "
-                                           ".tflite + .litertlm for edge targets, the StableHLO artifact for TPU")
-    lm.add_argument("model_dir", help="a local Hugging Face model directory: config.json, *.safetensors, "
-                                      "tokenizer.json (nothing is downloaded; pickled weights are refused)")
-    lm.add_argument("--target", action="append", required=True, metavar="NAME[:KEY=VALUE,...]",
-                    help="repeatable: android, ios, web, cpu, tpu-v5e, tpu-v6e, tpu-v7x, cpu-xla, cuda ...")
-    lm.add_argument("-o", "--output", required=True, help="output directory (replaced as a whole)")
-    lm.add_argument("--prefill", default="32", metavar="L1,L2", help="prefill lengths (signatures prefill_<L>)")
-    lm.add_argument("--cache", type=int, default=None, metavar="N",
-                    help="KV cache slots = the most tokens a session holds (default 1024)")
-    lm.add_argument("--quantize", metavar="SCHEME", help="edge: dynamic_int8, weight_only_int8, weight_only_int4, "
-                                                         "fp16; TPU: weight_only_int8 (per target: NAME:quantize=S)")
-    lm.add_argument("--quiet", action="store_true")
-    lm.set_defaults(fn=cmd_convert_lm)
-
-    g = sub.add_parser("generate", help="generate text from a .litertlm (LiteRT-LM engine), a TPU artifact or a "
-                                        ".tflite written by convert-lm, streamed as it is produced")
-    g.add_argument("artifact", help="a .litertlm, model.tpuexp, model.tflite, or a target folder of convert-lm")
-    g.add_argument("--prompt", required=True)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--seed", type=int, help="sampling seed: the same seed, the same text")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.set_defaults(fn=cmd_generate)
+    add_lm_commands(sub)
 
     r = sub.add_parser("run", help="run an artifact (.tflite or TPU artifact) on .npy inputs")
     r.add_argument("artifact")
