@@ -148,7 +148,7 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
     report = build_report(target, topology, libtpu_topology, chip, used, bundle.mesh, per_sig, hbm)
     from .llm.report import lm_report
 
-    llm = lm_report(bundle, report, chip)  # an LLM (decode + KV cache state): bytes per token, prefill MFU
+    llm = lm_report(bundle, report, chip, per_sig)  # an LLM (decode + KV cache state): bytes per token, MFU
     if llm is not None:
         report["llm"] = llm
     result = CompiledTarget(target, topology, platform, used[0].device_kind, len(used),
@@ -212,6 +212,10 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
     needed = mem["argument_bytes"] + mem["output_bytes"] + mem["temp_bytes"] + mem["generated_code_bytes"] \
         - mem["alias_bytes"]
     figures["hbm_needed_bytes_per_device"] = needed
+    if donate and devices[0].platform == "tpu":  # state (an LLM's caches): count its HBM traffic for the report
+        from .llm.hbm import hbm_traffic_bytes
+
+        figures["hbm_traffic_bytes"] = hbm_traffic_bytes(compiled.as_text())
     if hbm is not None and needed > hbm:
         raise HbmOverflowError(
             f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) "

@@ -37,7 +37,21 @@ def export_lm(prog, spec, *, dtype: str | None = None, quant=None, platforms=("t
         if missed:
             raise ExportError(f"signature {sig.name!r}: caches {missed} are not aliased to their outputs; each must "
                               f"be an input and an output of the same name, shape and dtype")
+    # for the report's lower bound: tables a step reads only by rows (embedding lookups)
+    bundle.lm_info = {"gathered_only": sorted(_gathered_only(prog, bundle.signatures))}
     return bundle, spec
+
+
+def _gathered_only(prog, names) -> set:
+    """Program weights whose every use, in every signature, is the table of an aten.embedding."""
+    emb = torch.ops.aten.embedding.default
+    seen, other = set(), set()
+    for n in names:
+        sig = prog.signatures[n]
+        for node, w in zip(sig.weight_nodes(), sig.weight_names):  # placeholders come in weight_names' order
+            for u in node.users:
+                (seen if u.target is emb and u.args[0] is node else other).add(w)
+    return seen - other
 
 
 def _bf16_caches(prog, spec):

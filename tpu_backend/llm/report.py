@@ -1,8 +1,10 @@
 """Per-step figures of a compiled LLM artifact (converter.llm's cache protocol) from XLA's cost analysis.
 
 decode: the bytes a step accesses per generated token against the lower bound (every stored weight read once,
-plus the KV cache read at the cache length the step was compiled for, plus the new token's K/V written), their
-ratio, and the tokens/s per chip those bytes imply at the chip's HBM bandwidth (a decode step is memory bound).
+an embedding table only by the batch's rows, plus the KV cache read at the cache length the step was compiled for,
+plus the new token's K/V written), their ratio, and the tokens/s per chip those bytes imply at the chip's HBM
+bandwidth (a decode step is memory bound). Two counts of the bytes: XLA's cost analysis, and the HBM traffic counted
+from the compiled HLO's memory spaces (tpu_backend/llm/hbm.py says why XLA's figure counts a weight several times).
 The compiled step has static shapes, so XLA counts the whole cache: the figures are those of the last step (the
 cache full). The decode kernel reads only the slots up to the position, so earlier steps read less.
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["lm_report", "cache_inputs", "unknown"]
+__all__ = ["lm_report", "cache_inputs", "gathered_only", "unknown"]
 
 
 def unknown(reason: str) -> dict:
@@ -43,49 +45,82 @@ def _known(v, what: str):
     return v
 
 
-def lm_report(bundle, report: dict, chip=None) -> dict | None:
-    """The LLM section of a compiled target's report (``report``: aot.build_report's dict), or None when the bundle
-    has no ``decode`` signature with ``kv_cache_*`` state. Figures are per chip (one chip: the whole program)."""
+def lm_report(bundle, report: dict, chip=None, figures: dict | None = None) -> dict | None:
+    """The LLM section of a compiled target's report (``report``: aot.build_report's dict; ``figures``: aot's raw
+    figures per signature, for the HBM-traffic estimate), or None when the bundle has no ``decode`` signature with
+    ``kv_cache_*`` state or none of its signatures was compiled. Sections for the signatures compiled. Figures
+    are per chip (one chip: the whole program)."""
     sigs = report.get("signatures", {})
     dec = bundle.signatures.get("decode")
-    if dec is None or "decode" not in sigs or not cache_inputs(dec):
+    if dec is None or not cache_inputs(dec):
         return None
+    figures = figures or {}
     chips = report.get("chips_used") or 1
     bw = getattr(chip, "hbm_bandwidth_bytes_per_s", None) if chip else None
     peak = chip.peak_bf16_flops_per_chip if chip else None
     out = {"scope": "per chip; decode at the cache length compiled for (the last step, cache full)",
-           "hbm_bandwidth_bytes_per_s": bw, "bandwidth_source": getattr(chip, "bandwidth_source", None),
-           "decode": _decode(bundle, dec, sigs["decode"], chips, bw)}
+           "hbm_bandwidth_bytes_per_s": bw, "bandwidth_source": getattr(chip, "bandwidth_source", None)}
+    if "decode" in sigs:
+        out["decode"] = _decode(bundle, dec, sigs["decode"], figures.get("decode", {}), chips, bw)
     for name in sorted(sigs):
         if name.startswith("prefill_") and name in bundle.signatures:
             out[name] = _prefill(bundle.signatures[name], sigs[name], peak, bw)
-    return out
+    return out if len(out) > 3 else None  # None: none of the LLM's signatures was compiled
 
 
-def _decode(bundle, sig, entry, chips, bw) -> dict:
+def gathered_only(bundle) -> set:
+    """Stored weights a step reads only by rows (embedding tables not also used as a matmul), as export_lm
+    records them (``bundle.lm_info``); empty when unknown (the lower bound then counts them whole)."""
+    names = set((getattr(bundle, "lm_info", None) or {}).get("gathered_only", ()))
+    for n in list(names):
+        names.update(bundle.quant_parts.get(n, ()))
+    return names
+
+
+def _decode(bundle, sig, entry, fig, chips, bw) -> dict:
     caches = cache_inputs(sig)
     batch, cache_len = int(caches[0].shape[0]), int(caches[0].shape[2])
-    weights = sum(bundle.weights[w].numel() * bundle.weights[w].element_size() for w in sig.weight_names)
+    rows = gathered_only(bundle)
+    weights = gathered = 0
+    for w in sig.weight_names:
+        t = bundle.weights[w]
+        if w in rows:  # one row per token of the batch (a lower bound: rows may repeat)
+            gathered += batch * (t.numel() // max(1, t.shape[0])) * t.element_size()
+        else:
+            weights += t.numel() * t.element_size()
     kv_read = sum(_nbytes(s.shape, s.dtype) for s in caches)
     kv_write = kv_read // cache_len  # one new slot per cache tensor
-    lower = (weights + kv_read + kv_write) / chips
-    got = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
-                 "bytes accessed")
+    lower = (weights + gathered + kv_read + kv_write) / chips
     res = {
         "batch": batch, "cache_len": cache_len, "cache_dtype": caches[0].dtype,
-        "lower_bound_bytes_per_step": {"weights": weights / chips, "kv_cache_read": kv_read / chips,
-                                       "kv_cache_write": kv_write / chips, "total": lower},
+        "lower_bound_bytes_per_step": {"weights": weights / chips, "embedding_rows": gathered / chips,
+                                       "kv_cache_read": kv_read / chips, "kv_cache_write": kv_write / chips,
+                                       "total": lower},
         "lower_bound_bytes_per_token": lower / batch,
-        "bytes_accessed_per_step": got,
+        "tokens_per_s_per_chip_at_lower_bound": batch * bw / lower if bw else _no_bw(),
     }
-    if isinstance(got, dict):
-        res.update(bytes_per_token=got, ratio_to_lower_bound=got, tokens_per_s_per_chip=got)
-    else:
-        res.update(bytes_per_token=got / batch, ratio_to_lower_bound=got / lower,
-                   tokens_per_s_per_chip=batch * bw / got if bw else unknown("the chip's HBM bandwidth is not known"))
-    res["tokens_per_s_per_chip_at_lower_bound"] = batch * bw / lower if bw else unknown(
-        "the chip's HBM bandwidth is not known")
+    xla = entry["cost"]["bytes_accessed"]
+    res["xla"] = _per_step(_known(xla.get("per_chip", xla["per_device"]), "bytes accessed"), batch, lower, bw)
+    res["xla"]["what"] = ("XLA's cost analysis (bytes accessed): counts each HBM->VMEM prefetch hop of a weight "
+                          "(copy/slice start and done, the reading fusion) as its own access")
+    hbm = fig.get("hbm_traffic_bytes")
+    res["hbm_estimate"] = _per_step(hbm / chips if hbm else unknown("no TPU executable to count HBM traffic from"),
+                                    batch, lower, bw)
+    res["hbm_estimate"]["what"] = ("HBM reads and writes counted from the optimized HLO's memory spaces "
+                                   "(tpu_backend/llm/hbm.py): an estimate from the program's structure")
     return res
+
+
+def _no_bw():
+    return unknown("the chip's HBM bandwidth is not known")
+
+
+def _per_step(got, batch, lower, bw) -> dict:
+    if isinstance(got, dict):
+        return {"bytes_per_step": got, "bytes_per_token": got, "ratio_to_lower_bound": got,
+                "tokens_per_s_per_chip": got}
+    return {"bytes_per_step": got, "bytes_per_token": got / batch, "ratio_to_lower_bound": got / lower,
+            "tokens_per_s_per_chip": batch * bw / got if bw else _no_bw()}
 
 
 def _prefill(sig, entry, peak, bw) -> dict:

@@ -80,7 +80,7 @@ def visible_blocks(mask2, block: int):
     return jnp.where(none, 0, first).astype(jnp.int32), jnp.where(none, n - 1, last).astype(jnp.int32)
 
 
-def _kernel(first_ref, last_ref, q_ref, k_ref, v_ref, m_ref, o_ref, mx, den, acc, *, mask_batch):
+def _kernel(first_ref, last_ref, q_ref, k_ref, v_ref, m_ref, o_ref, mx, den, acc, *, mask_batch, transposed):
     from jax.experimental import pallas as pl
 
     b, j = pl.program_id(0), pl.program_id(2)
@@ -95,15 +95,16 @@ def _kernel(first_ref, last_ref, q_ref, k_ref, v_ref, m_ref, o_ref, mx, den, acc
     @pl.when(jnp.logical_and(j >= first_ref[mb], j <= last_ref[mb]))
     def _step():
         q = q_ref[...]  # [G8, D], already scaled
-        k = k_ref[...]  # [bk, D]
-        s = jax.lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        k = k_ref[...]  # [bk, D], or [D, bk] when transposed
+        s = jax.lax.dot_general(q, k, (((1,), (0 if transposed else 1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
         s = s + m_ref[...].astype(jnp.float32)  # [1, bk] over the G8 rows
         m_prev = mx[...]  # [G8, LANES], every lane alike
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
         alpha = jnp.exp(m_prev - m_new)
         p = jnp.exp(s - m_new[:, :1])
         den[...] = alpha * den[...] + jnp.sum(p, axis=-1, keepdims=True)
-        pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (0,)), ((), ())),
+        pv = jax.lax.dot_general(p.astype(v_ref.dtype), v_ref[...], (((1,), (1 if transposed else 0,)), ((), ())),
                                  preferred_element_type=jnp.float32)
         acc[...] = alpha[:, :1] * acc[...] + pv
         mx[...] = m_new
@@ -132,9 +133,18 @@ def _pallas_decode(q, k, v, mask, *, scale, interpret):
     mask3 = mask2[:, None, :]  # [Bm, 1, S]: a [1, bk] block per step
     mask_batch = mask.shape[0] != 1
 
+    # A head dim below the 128 lanes: TPU stores such a cache with the slot axis minor ({2,3,1,0}: a row-major
+    # [B, Hkv, D, S]) rather than pad D to 128, so the kernel reads K/V transposed, which is then a bitcast of the
+    # caller's buffer. Read row-major, XLA would copy each cache to a padded layout and back, every step.
+    transposed = d % LANES != 0
+    if transposed:
+        k, v = jnp.swapaxes(k, 2, 3), jnp.swapaxes(v, 2, 3)
+    kv_block_shape = (None, None, d, bk) if transposed else (None, None, bk, d)
+
     def kv_map(bi, hi, j, first_ref, last_ref):
         mb = bi if mask_batch else 0
-        return bi, hi, jnp.minimum(jnp.maximum(j, first_ref[mb]), last_ref[mb]), 0
+        jj = jnp.minimum(jnp.maximum(j, first_ref[mb]), last_ref[mb])
+        return (bi, hi, 0, jj) if transposed else (bi, hi, jj, 0)
 
     def mask_map(bi, hi, j, first_ref, last_ref):
         mb = bi if mask_batch else 0
@@ -145,8 +155,8 @@ def _pallas_decode(q, k, v, mask, *, scale, interpret):
         grid=(b, hkv, s // bk),
         in_specs=[
             pl.BlockSpec((None, None, g8, d), lambda bi, hi, j, *_: (bi, hi, 0, 0)),
-            pl.BlockSpec((None, None, bk, d), kv_map),
-            pl.BlockSpec((None, None, bk, d), kv_map),
+            pl.BlockSpec(kv_block_shape, kv_map),
+            pl.BlockSpec(kv_block_shape, kv_map),
             pl.BlockSpec((None, 1, bk), mask_map),
         ],
         out_specs=pl.BlockSpec((None, None, g8, d), lambda bi, hi, j, *_: (bi, hi, 0, 0)),
@@ -154,7 +164,7 @@ def _pallas_decode(q, k, v, mask, *, scale, interpret):
                         pltpu.VMEM((g8, d), jnp.float32)],
     )
     out = pl.pallas_call(
-        functools.partial(_kernel, mask_batch=mask_batch),
+        functools.partial(_kernel, mask_batch=mask_batch, transposed=transposed),
         grid_spec=grid_spec,
         out_shape=jax.ShapeDtypeStruct((b, hkv, g8, d), q.dtype),
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
