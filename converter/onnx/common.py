@@ -5,7 +5,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic", "pad_or_crop"]
+__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic", "pad_or_crop", "NoFold", "static_dims"]
+
+
+class NoFold(Exception):
+    """Raised by a numpy fold that cannot fold these inputs (a result whose shape depends on a dynamic dim):
+    the op's torch function runs instead."""
+
+
+def static_dims(dims) -> list:
+    """``dims`` as ints, or NoFold when one is a dynamic size: numpy would pin it to its sample value."""
+    out = [d for d in dims]
+    if any(isinstance(d, torch.SymInt) for d in out):
+        raise NoFold()
+    return out
 
 
 def is_symbolic(a) -> bool:

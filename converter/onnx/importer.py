@@ -23,6 +23,7 @@ import re
 import numpy as np
 import torch
 
+from .common import NoFold
 from .load import OnnxImportError, check_and_infer, load_model
 from .registry import CONTRIB_DOMAIN, ONNX_OPSETS, REQUIRED, load_ops
 
@@ -148,6 +149,8 @@ def _int_array(values) -> np.ndarray:
 
 def _as_array(v):
     """A fold's result as an array: numpy gives bare scalars (a SymInt among them) for 0-d results."""
+    if isinstance(v, np.ndarray) and v.dtype == object and all(isinstance(x, (int, np.integer)) for x in v.flat):
+        return v.astype(np.int64)  # shape arithmetic that no longer involves a dynamic dim
     if isinstance(v, (np.ndarray, torch.Tensor)):
         return v
     if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -181,7 +184,10 @@ def _run(spec, ctx, attrs, inputs):
     a numpy fold defined: the fold runs instead (shape arithmetic, SymInts included)."""
     present = [x for x in inputs if x is not None]
     if spec.fold is not None and all(isinstance(x, np.ndarray) for x in present):
-        return [_as_array(v) for v in _as_list(spec.fold(ctx, *inputs, **attrs))]
+        try:
+            return [_as_array(v) for v in _as_list(spec.fold(ctx, *inputs, **attrs))]
+        except NoFold:
+            pass  # a result shaped by a dynamic dim: a tensor, made by the op's torch function
     args = []
     for i, x in enumerate(inputs):
         if i in spec.maybe_static:

@@ -103,7 +103,13 @@ def _np_cast(ctx, x, to, saturate=1):
         return x
     if dt == torch.bfloat16:
         return torch.from_numpy(np.array(x, order="C")).to(dt)
-    return x.astype(torch.empty(0, dtype=dt).numpy().dtype)
+    return x.astype(_NP[dt])
+
+
+# torch dtype -> numpy dtype, for folds (no torch tensor may be made for this while tracing)
+_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64, torch.int8: np.int8,
+       torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64, torch.uint8: np.uint8,
+       torch.bool: np.bool_, torch.uint32: np.uint32, torch.uint64: np.uint64}
 
 
 # ai.onnx::Cast(input) -> output  attrs: to (element type), saturate (float8 only, opset 19+)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from .common import axis_of, ints
+from .common import axis_of, ints, static_dims
 from .registry import TABLE as T
 
 __all__: list[str] = []
@@ -60,13 +60,19 @@ def _target(ctx, x_shape, shape, allowzero):
 
 
 def _reshape_fold(ctx, x, shape, *, allowzero):
-    return np.reshape(x, _target(ctx, x.shape, ints(ctx, shape, "shape"), allowzero))
+    return np.reshape(x, static_dims(_target(ctx, x.shape, ints(ctx, shape, "shape"), allowzero)))
 
 
 # ai.onnx::Reshape(data, shape) -> reshaped  attrs: allowzero (opset 14)
 @T.op("Reshape", since=13, attrs={"allowzero": 0}, static=(1,), fold=_reshape_fold)
 def reshape(ctx, x, shape, *, allowzero):
-    return x.reshape(_target(ctx, list(x.shape), ints(ctx, shape, "shape"), allowzero))
+    target = _target(ctx, list(x.shape), ints(ctx, shape, "shape"), allowzero)
+    if any(isinstance(d, torch.SymInt) for d in list(x.shape) + target) and any(
+            isinstance(d, int) and d == -1 for d in target):
+        # the -1 from the sizes: torch would infer it through sym_numel, which neither backend lowers
+        known = math.prod(d for d in target if not (isinstance(d, int) and d == -1))
+        target = [math.prod(x.shape) // known if isinstance(d, int) and d == -1 else d for d in target]
+    return x.reshape(target)
 
 
 def _flat_shape(ctx, shape, axis):
@@ -157,7 +163,7 @@ def _broadcast(ctx, a, b):
 
 
 def _expand_fold(ctx, x, shape):
-    return np.broadcast_to(x, _broadcast(ctx, x.shape, ints(ctx, shape, "shape"))).copy()
+    return np.broadcast_to(x, static_dims(_broadcast(ctx, x.shape, ints(ctx, shape, "shape")))).copy()
 
 
 # ai.onnx::Expand(input, shape) -> output  (bidirectional broadcast)
@@ -168,7 +174,7 @@ def expand(ctx, x, shape):
 
 
 # ai.onnx::Tile(input, repeats) -> output
-@T.op("Tile", since=13, static=(1,), fold=lambda ctx, x, r: np.tile(x, ints(ctx, r, "repeats")))
+@T.op("Tile", since=13, static=(1,), fold=lambda ctx, x, r: np.tile(x, static_dims(ints(ctx, r, "repeats"))))
 def tile(ctx, x, repeats):
     return x.repeat(ints(ctx, repeats, "repeats"))
 

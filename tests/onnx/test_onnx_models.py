@@ -1,0 +1,119 @@
+"""The zoo's architectures (tests/zoo.py) exported to ONNX by both torch exporters (TorchScript at opset 17,
+dynamo/onnxscript at opset 18), imported, converted to both outputs and compared with onnxruntime
+(rel err <= 1e-4). On the edge path an imported CNN in NHWC form (channel-last inputs and image outputs) has
+no more TRANSPOSE ops than the same model converted from torch: the importer adds no layout transposes."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tests.numerics import rel_err
+from tests.zoo import ZOO, build
+
+# (architecture, exporter) -> why the edge output is not checked yet (strict xfail: it flips when fixed)
+EDGE_XFAIL = {
+    name: "edge/ops_activation.py _shift_into_bias tests `if not data` on a numpy buffer (ValueError) when "
+          "a HardSigmoid follows a conv with a bias the importer folded; reported"
+    for name in ("mobilenet_v3", "lraspp")
+}
+
+
+def _export(name, kind):
+    m, args = build(name)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if kind == "torchscript17":
+            torch.onnx.export(m, args, buf, opset_version=17, dynamo=False)
+            data = buf.getvalue()
+        else:
+            data = torch.onnx.export(m, args, opset_version=18, dynamo=True, verbose=False).model_proto
+            data = data.SerializeToString()
+    return m, args, data
+
+
+def _ort(data, args):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    feeds = {i.name: a.numpy() for i, a in zip(sess.get_inputs(), args)}
+    return [o.name for o in sess.get_outputs()], sess.run(None, feeds)
+
+
+def _params():
+    for name in ZOO:
+        for kind in ("torchscript17", "dynamo18"):
+            yield pytest.param(name, kind, id=f"{name}-{kind}")
+
+
+@pytest.mark.parametrize("name,kind", list(_params()))
+def test_zoo_model_from_onnx(name, kind):
+    import jax
+    import onnx
+
+    import converter
+    import litert_torch
+    from converter.onnx import import_onnx
+    from edge import convert_program, op_histogram
+    from tpu_backend.lowering import lower_signature
+
+    m, args, data = _export(name, kind)
+    names, want = _ort(data, args)
+    imp = import_onnx(onnx.load_model_from_string(data))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = converter.prepare(imp.module, imp.sample_args, dynamic_shapes=imp.dynamic_shapes)
+    low = lower_signature(prog)
+    flat = [a.numpy().astype(dt) for a, dt in zip(args, low.input_dtypes)]
+    tpu = jax.jit(low.fn)(low.weight_arrays(prog), *flat)
+    for n, g, w in zip(names, tpu, want):
+        assert rel_err(np.asarray(g), w) <= 1e-4, f"tpu {n}: {rel_err(np.asarray(g), w):.3g}"
+    if name in EDGE_XFAIL:
+        with pytest.raises(Exception):  # noqa: B017 - the reported edge bug; fails here until it is fixed
+            convert_program(prog)
+        pytest.xfail(EDGE_XFAIL[name])
+    edge = litert_torch.Model(convert_program(prog))(*args)
+    for n, w in zip(names, want):
+        assert rel_err(edge[n], w) <= 1e-4, f"edge {n}: {rel_err(edge[n], w):.3g}"
+    if ZOO[name].kind == "cnn":
+        io_ = ((0,), tuple(i for i, w in enumerate(want) if w.ndim == 4))
+        ours = op_histogram(convert_program(prog, to_channel_last_io=io_)).get("TRANSPOSE", 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref = converter.prepare(m, args)
+        theirs = op_histogram(convert_program(ref, to_channel_last_io=io_)).get("TRANSPOSE", 0)
+        assert ours <= theirs, f"{ours} TRANSPOSE ops from ONNX, {theirs} from torch"
+
+
+@pytest.mark.parametrize("name", ["resnet18", "swin", "bert"])
+def test_zoo_model_with_dynamic_batch(name, tmp_path):
+    """A TorchScript export with dynamic_axes: the dim_param 'batch' is a dynamic dim of the Program (shape
+    arithmetic on it traced with SymInts), and both outputs run batches 3 and 1 like onnxruntime."""
+    import onnxruntime as ort
+
+    import litert_torch
+    import tpu_backend
+    import tpu_export
+    from tests.zoo import batch_like
+
+    m, args = build(name)
+    names = [f"in{i}" for i in range(len(args))]
+    path = tmp_path / f"{name}.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(m, args, str(path), opset_version=17, dynamo=False, input_names=names,
+                          dynamic_axes={n: {0: "batch"} for n in names})
+    written = tpu_export.convert(path, targets=["cpu-xla", "cpu"], out_dir=tmp_path / "out")
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    tpu, edge = tpu_backend.load(written["cpu-xla"]), litert_torch.load(written["cpu"])
+    for b in (3, 1):
+        a = batch_like(args, b)
+        want = sess.run(None, {n: x.numpy() for n, x in zip(names, a)})
+        for got in (tpu(*a), edge(*a)):
+            got = list(got.values()) if isinstance(got, dict) else [got]
+            assert [rel_err(g, w) <= 1e-4 for g, w in zip(got, want)] == [True] * len(want), (b, got)
