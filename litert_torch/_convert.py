@@ -41,7 +41,7 @@ class Converter:
         from converter.gc_pause import gc_paused
         from edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
 
-        from ._large import check_memory, materialized, write_or_bytes
+        from ._large import check_memory, materialized, streams_quantization, write_or_bytes
 
         quant = as_quant_config(quant_config)  # an unknown scheme fails before capture
         if calibration_data is not None and (quant is None or not quant.needs_calibration):
@@ -54,6 +54,9 @@ class Converter:
             raise ValueError("nothing to convert: pass a module, or add signatures with .signature(...)")
         modules = [r.module for r in self._requests]
         to_file = output_file_path is not None or lightweight_conversion
+        streamed = streams_quantization(quant, modules, to_file)
+        if streamed:
+            quant = None  # applied tensor by tensor as the weights are written
         check_memory(modules, to_file=to_file and quant is None, loader=weights_loader)
         with materialized(modules, weights_loader, output_file_path, progress), gc_paused():
             prog = prepare_many(self._requests, strict=strict_export, enable_x64=enable_x64)
@@ -61,7 +64,8 @@ class Converter:
             feeds = calibration_feeds(prog, calibration_data) if quant is not None and quant.needs_calibration else None
             result = write_or_bytes(prog, modules, output_file_path=None if quant is not None else output_file_path,
                                     lightweight=lightweight_conversion and quant is None,
-                                    delete_params=delete_in_memory_params, progress=progress)
+                                    delete_params=delete_in_memory_params, progress=progress,
+                                    stream_quant=streamed)
         if quant is not None:
             result = quantize_tflite(result.tflite_model() if not isinstance(result, bytes) else result, quant, feeds)
             if output_file_path is not None:
@@ -100,6 +104,10 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
     device, weights are loaded one at a time into a file-backed map, never all in memory
     (``converter.lazy_weights.safetensors_loader(folder)`` reads a model directory's shards).
     ``progress(msg)``: a line per long step (weights written: tensors, MiB, MiB/s).
+    With ``quant_config="dynamic_int8"``, a file output and more than 1 GiB of weights, the
+    quantization runs while streaming: each FULLY_CONNECTED weight becomes per-channel int8 (the
+    bytes ai-edge-quantizer's dynamic_int8 gives it) as it is written, without a float copy of
+    the model in memory; other constants (embedding tables, convolutions) stay float.
     """
     return Converter().convert(module, sample_args, sample_kwargs, strict_export=strict_export,
                                quant_config=quant_config, calibration_data=calibration_data,

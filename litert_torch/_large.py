@@ -10,7 +10,8 @@ import weakref
 
 import torch
 
-__all__ = ["check_memory", "materialized", "write_or_bytes", "InsufficientMemoryError", "weight_bytes"]
+__all__ = ["check_memory", "materialized", "write_or_bytes", "InsufficientMemoryError", "weight_bytes",
+           "streams_quantization"]
 
 
 class InsufficientMemoryError(MemoryError):
@@ -57,10 +58,11 @@ def mem_available() -> int | None:
     return None
 
 
-# Extra memory a conversion needs on top of the module's weights, per weight byte (measured with
-# bench/large.py): the classic in-memory result holds the flatbuffer builder and its bytes (2x);
-# a streamed write holds only what the lowering copies (transposed or folded constants).
-_EXTRA_IN_MEMORY = 2.0
+# Extra memory a conversion needs on top of the module's weights, per weight byte, measured with
+# bench/large.py on a 0.49 B Llama (1.81 GB): the classic in-memory result (the lowering's folded
+# copies, the flatbuffer builder, its bytes) peaked 4.6 GB above the loaded model (2.5x); a
+# streamed write (folded copies spilled to disk) 0.06 GB above it, so 0.3x is a generous bound.
+_EXTRA_IN_MEMORY = 2.6
 _EXTRA_STREAMED = 0.3
 _FIXED = 1 << 30  # torch.export, the graphs, the interpreter
 
@@ -120,7 +122,22 @@ def _loaded(progress):
     return report
 
 
-def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_params, progress):
+# Past this many bytes of weights, a file-bound dynamic_int8 conversion quantizes while streaming
+# (ai-edge-quantizer works on the whole model in memory, several times its size).
+_STREAM_QUANT_FROM = 1 << 30
+
+
+def streams_quantization(quant, modules, to_file: bool) -> str | None:
+    """The scheme to apply while streaming, or None for ai-edge-quantizer's in-memory pass."""
+    from edge.quantize_stream import STREAM_SCHEMES
+
+    if quant is None or not to_file or quant.recipe is not None or quant.scheme not in STREAM_SCHEMES:
+        return None
+    real, meta = weight_bytes(modules)
+    return quant.scheme if real + meta > _STREAM_QUANT_FROM else None
+
+
+def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_params, progress, stream_quant=None):
     """Lower ``prog``; the classic bytes for a small in-memory conversion (as before), otherwise a
     Model over the file the weights were streamed into (``output_file_path``, or a temp file
     removed with the Model when lightweight or past 2 GiB)."""
@@ -134,6 +151,10 @@ def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_param
     big = sum(w.numel() * w.element_size() for w in prog.weights.values()) > CLASSIC_LIMIT // 2
     folder = os.path.dirname(os.path.abspath(os.fspath(output_file_path))) if output_file_path is not None else None
     model = lower_program(prog, spill=to_file or big, spill_folder=folder)
+    if stream_quant is not None:
+        from edge.quantize_stream import quantize_weights
+
+        quantize_weights(model, stream_quant)
     owned = [t for m in _modules(modules) for t in _tensors(m)] + list(prog.weights.values())
     if output_file_path is None and not lightweight and not model.is_large():
         data = model.finish()

@@ -186,3 +186,38 @@ def test_a_model_past_2gib_converts_loads_and_matches_torch(tmp_path):
     runner = it.get_signature_runner()
     got = runner(ids=ids.numpy().astype(np.int32))
     assert rel_err(next(iter(got.values())), want) < 1e-5
+
+
+def test_dynamic_int8_while_streaming_gives_ai_edge_quantizers_weights(tmp_path, monkeypatch):
+    """Quantized tensor by tensor as the file is written: each FULLY_CONNECTED weight gets the int8
+    bytes and per-channel scales ai-edge-quantizer's dynamic_int8 gives it, and the model computes
+    what the quantizer's model computes."""
+    from edge.inspect import read_model
+    from edge.quantize import quantize_tflite
+    from litert_torch import _large
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).eval()
+    x = torch.randn(3, 256)
+    theirs = litert_torch.Model(quantize_tflite(litert_torch.convert(m, (x,)).tflite_model(), "dynamic_int8"))
+    monkeypatch.setattr(_large, "_STREAM_QUANT_FROM", 0)  # the 1 GiB threshold, for a 2 MB model
+    ours = litert_torch.convert(m, (x,), quant_config="dynamic_int8", output_file_path=tmp_path / "q.tflite")
+
+    def fc_weights(data):
+        mt = read_model(data)
+        out = {}
+        for t in mt.subgraphs[0].tensors:
+            if t.type == 9:  # INT8
+                buf = mt.buffers[t.buffer]  # the quantizer writes the large-model form (data after the flatbuffer)
+                raw = bytes(buf.data) if buf.data is not None else data[buf.offset:buf.offset + buf.size]
+                out[t.name.decode()] = (np.frombuffer(raw, np.int8),
+                                        np.asarray(t.quantization.scale), t.quantization.quantizedDimension)
+        return out
+
+    a, b = fc_weights(ours.tflite_model()), fc_weights(theirs.tflite_model())
+    assert sorted(a) == sorted(b) == ["0.weight", "2.weight"]
+    for k in a:
+        assert np.array_equal(a[k][0], b[k][0]) and np.array_equal(a[k][1], b[k][1]) and a[k][2] == b[k][2] == 0
+    assert os.path.getsize(tmp_path / "q.tflite") < 0.3 * 4 * sum(p.numel() for p in m.parameters())
+    assert rel_err(ours(x), theirs(x)) < 1e-6
+    assert rel_err(ours(x), m(x)) < 0.02
