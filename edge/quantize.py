@@ -126,7 +126,8 @@ def unique_tensor_names(tflite: bytes) -> bytes:
     Signature names live in the SignatureDefs, so no caller sees a change. Unchanged bytes when unique."""
     from .quantize_prep import prepare_for_quantizer
 
-    return prepare_for_quantizer(tflite)
+    out = prepare_for_quantizer(tflite)
+    return bytes(out) if isinstance(out, bytearray) else out
 
 
 def _quantizes_embeddings(config: QuantConfig, recipe: list) -> bool:
@@ -150,7 +151,7 @@ def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> b
 
     recipe = recipe_for(config)
     model = prepare_for_quantizer(bytes(tflite), embedding_lookup=_quantizes_embeddings(config, recipe))
-    q = quantizer.Quantizer(bytearray(model), recipe)
+    q = quantizer.Quantizer(model if isinstance(model, bytearray) else bytearray(model), recipe)
     if q.need_calibration and not calibration:
         raise QuantizationError(f"{config.scheme} quantizes activations and needs calibration data: "
                                 "an iterable of sample-argument tuples that look like real inputs")

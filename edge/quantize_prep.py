@@ -22,8 +22,9 @@ import numpy as np
 __all__ = ["prepare_for_quantizer"]
 
 
-def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> bytes:
-    """``tflite`` with unique tensor names and (``embedding_lookup``) GATHER tables as EMBEDDING_LOOKUP."""
+def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> bytes | bytearray:
+    """``tflite`` with unique tensor names and (``embedding_lookup``) GATHER tables as EMBEDDING_LOOKUP: the same
+    object when nothing applies, else a new bytearray (the quantizer takes one)."""
     from ai_edge_litert import schema_py_generated as s
 
     model = s.Model.GetRootAs(tflite, 0)
@@ -37,9 +38,15 @@ def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> b
         for sg in obj.subgraphs:
             _lookups_for_gathers(obj, sg, s)
     _rename(obj)
-    b = flatbuffers.Builder(len(tflite) + (1 << 16))
+    # room for the new names, tensors and alignment up front: a Builder that grows doubles (a second full copy)
+    b = flatbuffers.Builder(len(tflite) + len(tflite) // 64 + (1 << 20))
     b.Finish(obj.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
+    del obj
+    # the model is the tail of the builder's buffer: cut the head in place rather than copy it out (Output() and
+    # bytes() are a copy each, 2x a 400 MB LLM's size on top of the input and the builder)
+    out = b.Bytes
+    del out[:b.Head()]
+    return out
 
 
 def _names_unique(model) -> bool:
