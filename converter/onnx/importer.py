@@ -321,16 +321,18 @@ class OnnxModule(torch.nn.Module):
             leaf = parts[-1]
             if not leaf or leaf in owner._modules:
                 raise KeyError(leaf)
+            # t owns its memory (a fresh array from numpy_helper or a fold): no copy, so a big model's weights
+            # are held once here
             if param:
-                owner.register_parameter(leaf, torch.nn.Parameter(t.clone(), requires_grad=False))
+                owner.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
             else:
-                owner.register_buffer(leaf, t.clone())
+                owner.register_buffer(leaf, t)
             return ".".join(path + [leaf])
         except KeyError:
             # a name that clashes with another's path or a Module attribute: stored under a made-up name
             leaf = f"onnx_const_{len(self._paths)}"
-            (self.register_parameter(leaf, torch.nn.Parameter(t.clone(), requires_grad=False)) if param
-             else self.register_buffer(leaf, t.clone()))
+            (self.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False)) if param
+             else self.register_buffer(leaf, t))
             return leaf
 
     def _const(self, name: str, static: bool = False):

@@ -43,8 +43,10 @@ def load_model(model, base_dir: str | None = None):
         except Exception as e:  # noqa: BLE001
             raise OnnxImportError(f"<bytes>: not a valid ONNX protobuf ({one_line(e, 200)})") from None
     elif isinstance(model, onnx.ModelProto):
-        proto = onnx.ModelProto()
-        proto.CopyFrom(model)  # external data is filled into a copy: the caller's proto stays as it was
+        proto = model
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in _external_tensors(model.graph)):
+            proto = onnx.ModelProto()
+            proto.CopyFrom(model)  # external data is filled into a copy: the caller's proto stays as it was
     else:
         raise OnnxImportError(f"cannot import a {type(model).__name__}; give an onnx.ModelProto or an .onnx path")
     if not proto.HasField("graph") or not proto.opset_import:
@@ -129,16 +131,21 @@ def check_and_infer(proto, where: str, fixed_dims: dict | None = None):
     import onnx
 
     try:
-        onnx.checker.check_model(proto if proto.ByteSize() < (1 << 31) - 1 else _without_weights(proto))
+        if proto.ByteSize() < (1 << 31) - 1:
+            onnx.checker.check_model(proto)
+        elif os.path.isfile(where):
+            # past 2 GB only with external data (validated by _load_external): the checker reads the file's
+            # own form, resolving the data files from its folder
+            onnx.checker.check_model(where)
     except onnx.checker.ValidationError as e:
         raise OnnxImportError(f"{where}: onnx.checker rejects the model: {one_line(e, 300)}. "
                               "Fix: re-export it with a current exporter") from None
-    if fixed_dims:
-        for vi in proto.graph.input:
+    lite = _without_weights(proto)  # inference needs types and shapes, not weight bytes
+    if fixed_dims:  # set on the copy: a caller's ModelProto stays as it was
+        for vi in lite.graph.input:
             for d in vi.type.tensor_type.shape.dim:
                 if d.HasField("dim_param") and d.dim_param in fixed_dims:
                     d.dim_value = int(fixed_dims[d.dim_param])
-    lite = _without_weights(proto)  # inference needs types and shapes, not weight bytes
     try:
         inferred = onnx.shape_inference.infer_shapes(lite, strict_mode=False, data_prop=True)
     except Exception as e:  # noqa: BLE001 - inference errors name the node in their text
@@ -147,19 +154,24 @@ def check_and_infer(proto, where: str, fixed_dims: dict | None = None):
 
 
 def _without_weights(proto):
-    """A copy whose large initializers hold no data (their dims and dtype stay)."""
+    """A copy whose large initializers hold no data (their name, dims and dtype stay), built without copying
+    the weight bytes: what the checker (past protobuf's 2 GB) and shape inference need."""
     import onnx
 
     lite = onnx.ModelProto()
-    lite.CopyFrom(proto)
-    for t in lite.graph.initializer:
-        if t.ByteSize() > 4096:
-            # keep small ones (shape constants feed data propagation); big ones become typed, empty stubs
-            t.ClearField("raw_data")
-            for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
-                t.ClearField(f)
-            t.data_location = onnx.TensorProto.EXTERNAL
-            del t.external_data[:]
-            e = t.external_data.add()
-            e.key, e.value = "location", "stub"
+    for f in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(lite, f, getattr(proto, f))
+    lite.opset_import.extend(proto.opset_import)
+    lite.functions.extend(proto.functions)
+    g, lg = proto.graph, lite.graph
+    lg.name = g.name
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(lg, field).extend(getattr(g, field))
+    for t in g.initializer:
+        if t.ByteSize() <= 4096:
+            lg.initializer.append(t)  # small ones (shape constants) feed inference's data propagation
+            continue
+        s = lg.initializer.add()  # typed and shaped, with no data (neither check needs the values)
+        s.name, s.data_type = t.name, t.data_type
+        s.dims.extend(t.dims)
     return lite

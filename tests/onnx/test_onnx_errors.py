@@ -165,3 +165,15 @@ def test_registering_an_op_twice_for_overlapping_opsets_fails():
     with pytest.raises(DuplicateOnnxOpError, match="ai.onnx::Foo opset 16 registered twice"):
         t.op("Foo", since=16)(lambda ctx, x: x)
     assert t.lookup("", "Foo", 15) is not None and t.lookup("", "Foo", 12) is None
+
+
+def test_resize_variant_torch_cannot_express_is_refused_naming_the_attribute():
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], name="up", mode="linear",
+                            coordinate_transformation_mode="asymmetric")
+    m = _model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], [scales])
+    imp = import_onnx(m)
+    with pytest.raises(OnnxImportError) as e:
+        imp.module(*imp.sample_args)
+    assert "node 'up' (Resize)" in _one_line(e) and "coordinate_transformation_mode='asymmetric'" in str(e.value)

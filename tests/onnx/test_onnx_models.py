@@ -80,7 +80,7 @@ def test_zoo_model_from_onnx(name, kind):
     edge = litert_torch.Model(convert_program(prog))(*args)
     for n, w in zip(names, want):
         assert rel_err(edge[n], w) <= 1e-4, f"edge {n}: {rel_err(edge[n], w):.3g}"
-    if ZOO[name].kind == "cnn":
+    if ZOO[name].kind == "cnn" and kind == "torchscript17":  # one exporter is enough: the layout is the importer's
         io_ = ((0,), tuple(i for i, w in enumerate(want) if w.ndim == 4))
         ours = op_histogram(convert_program(prog, to_channel_last_io=io_)).get("TRANSPOSE", 0)
         with warnings.catch_warnings():
