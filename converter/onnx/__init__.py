@@ -18,7 +18,7 @@ _WHERE = {
     "import_onnx": "importer",
     "capture_inputs": "importer",
     "ImportedOnnx": "importer",
-    "UnsupportedOnnxOpsError": "importer",
+    "UnsupportedOnnxOpsError": "graph",
     "OnnxImportError": "load",
 }
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic", "pad_or_crop", "NoFold", "static_dims"]
+__all__ = ["ONNX_DTYPES", "ints", "axis_of", "onnx_dtype", "np_binary", "is_symbolic", "pad_or_crop", "NoFold",
+           "static_dims"]
 
 
 class NoFold(Exception):
@@ -19,6 +20,12 @@ def static_dims(dims) -> list:
     if any(isinstance(d, torch.SymInt) for d in out):
         raise NoFold()
     return out
+
+
+# ONNX TensorProto element type -> torch dtype
+ONNX_DTYPES = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 5: torch.int16, 6: torch.int32, 7: torch.int64,
+               9: torch.bool, 10: torch.float16, 11: torch.float64, 12: torch.uint32, 13: torch.uint64,
+               16: torch.bfloat16}
 
 
 def is_symbolic(a) -> bool:
@@ -42,8 +49,6 @@ def axis_of(ctx, axis: int, rank: int) -> int:
 
 
 def onnx_dtype(ctx, elem_type: int) -> torch.dtype:
-    from .importer import ONNX_DTYPES
-
     if elem_type not in ONNX_DTYPES:
         ctx.fail(f"ONNX element type {elem_type} is not supported (float, int, uint8, bool and bfloat16 are)")
     return ONNX_DTYPES[elem_type]
