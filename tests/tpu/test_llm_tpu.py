@@ -1,7 +1,7 @@
 """The LLM's TPU artifact (tpu_backend.llm): KV caches donated and updated in place on PJRT CPU with the same 32
-greedy tokens as transformers; the flash-decoding Pallas kernel (interpret mode on CPU against the XLA path, and
-AOT-compiled for v6e through libtpu); the per-step report (bytes per decode token against the lower bound, prefill
-MFU, unknown figures kept unknown); bf16 and weight-only int8 artifacts against the float model."""
+greedy tokens as transformers; the flash-decoding and masked prefill Pallas kernels (interpret mode on CPU against
+the XLA path, and AOT-compiled for v6e through libtpu); the per-step report (bytes per decode token against the
+lower bound, prefill MFU, unknown figures kept unknown); bf16 and weight-only int8 artifacts against the float model."""
 
 from __future__ import annotations
 
@@ -106,7 +106,29 @@ def test_decode_kernel_matches_xla_in_interpret_mode(b, hq, hkv, s, d, window, d
     assert err <= (1e-5 if dtype == "float32" else 1e-2), err
 
 
+@pytest.mark.parametrize("b, hq, hkv, t, s, d, start", [
+    (1, 4, 2, 16, 64, 16, 0),      # the tests' tiny Llama: one block each way
+    (2, 4, 2, 256, 384, 64, 50),   # batch 2, a prompt from slot 50: 3 kv blocks, the last one past the diagonal
+])
+def test_prefill_kernel_matches_xla_in_interpret_mode(b, hq, hkv, t, s, d, start):
+    import jax.numpy as jnp
+
+    from tpu_backend.pallas.config import PallasConfig
+    from tpu_backend.pallas.prefill_attention import prefill_attention
+    from tpu_backend.pallas.sdpa import xla_attention
+
+    rng = np.random.default_rng(t)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in
+               [(b, hq, t, d), (b, hkv, s, d), (b, hkv, s, d)])
+    visible = np.arange(s)[None, :] <= start + np.arange(t)[:, None]
+    mask = jnp.asarray(np.where(visible, 0.0, np.finfo(np.float32).min)[None, None], jnp.float32)
+    got = prefill_attention(q, k, v, mask, config=PallasConfig(mode=True, interpret=True))
+    assert rel_err(np.asarray(got), np.asarray(xla_attention(q, k, v, mask=mask))) <= 1e-5
+
+
 def test_decode_signature_interpret_matches_xla(llama):
+    """The whole decode step with the kernel taking the graph's repeated cache un-repeated (the prefill kernel's
+    numbers are the kernel test's above: interpreting both signatures of the model doubles this test's time)."""
     from tpu_backend.pallas.config import PallasConfig
 
     _, prog, spec = llama
@@ -126,7 +148,8 @@ def test_decode_kernel_aot_compiles_for_v6e_and_the_report(llama, tmp_path):
     bundle, spec = export_lm(prog, spec, dtype="bfloat16", platforms=("tpu", "cpu"), use_pallas=True)
     text = bundle.signatures["decode"].exported.mlir_module()
     assert text.count('"tpu_export_decode_attention') >= 2, "one decode kernel per layer in the TPU branch"
-    assert "tpu_export_decode_attention" not in bundle.signatures["prefill_16"].exported.mlir_module()
+    prefill = bundle.signatures["prefill_16"].exported.mlir_module()
+    assert prefill.count('"tpu_export_prefill_attention') >= 2 and "tpu_export_decode_attention" not in prefill
     compiled = bundle.compile_for("tpu-v6e")
     rep = compiled.report["llm"]
     dec = rep["decode"]
@@ -145,7 +168,11 @@ def test_decode_kernel_aot_compiles_for_v6e_and_the_report(llama, tmp_path):
     # XLA's count includes every prefetch hop of a weight: never below the HBM traffic
     assert dec["xla"]["bytes_per_step"] >= dec["hbm_estimate"]["bytes_per_step"]
     pre = rep["prefill_16"]
-    assert pre["tokens"] == 16 and pre["flops"] > 0 and 0 < pre["mfu_at_roofline"] <= 1
+    # model FLOPs of prefill_16: 2 x 16 tokens x the matmul weights (per layer q, o 64x64, k, v 32x64, gate, up,
+    # down 128x64; lm_head 128x64), plus causal attention: 4 x 4 heads x 16 channels x 136 query-key pairs, per layer
+    matmul = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64) + 128 * 64
+    assert pre["model_flops"] == 2 * 16 * matmul + 2 * 4 * 4 * 16 * 136
+    assert pre["tokens"] == 16 and pre["xla_flops"] > 0 and 0 < pre["mfu_at_roofline"] <= 1
     from tpu_backend.artifact.load import read_artifact
 
     bundle.save(str(tmp_path / "llm.tpuexp"))

@@ -38,8 +38,34 @@ def export_lm(prog, spec, *, dtype: str | None = None, quant=None, platforms=("t
             raise ExportError(f"signature {sig.name!r}: caches {missed} are not aliased to their outputs; each must "
                               f"be an input and an output of the same name, shape and dtype")
     # for the report's lower bound: tables a step reads only by rows (embedding lookups)
-    bundle.lm_info = {"gathered_only": sorted(_gathered_only(prog, bundle.signatures))}
+    # and the model FLOPs of each step (what MFU counts: no padding, no masked attention work)
+    bundle.lm_info = {"gathered_only": sorted(_gathered_only(prog, bundle.signatures)),
+                      "model_flops": {n: _model_flops(prog.signatures[n]) for n in bundle.signatures}}
     return bundle, spec
+
+
+def _model_flops(sig) -> int:
+    """2 x multiply-adds of the step's matmuls (linear / mm / bmm, from the captured shapes), and its attention:
+    a prefill of T tokens from slot 0 attends causally (T (T + 1) / 2 query-key pairs per head), a decode token to
+    the whole cache (the last step's figure). 4 FLOPs per pair and channel: QK^T and PV."""
+    aten = torch.ops.aten
+    total = 0
+    for n in sig.graph.nodes:
+        val = n.meta.get("val")
+        if n.op != "call_function" or not isinstance(val, torch.Tensor):
+            continue
+        if n.target is aten.linear.default:
+            w = n.args[1].meta["val"]
+            total += 2 * (val.numel() // w.shape[0]) * w.numel()
+        elif n.target in (aten.mm.default, aten.bmm.default, aten.matmul.default):
+            k = n.args[0].meta["val"].shape[-1]
+            total += 2 * val.numel() * k
+        elif n.target is aten.scaled_dot_product_attention.default:
+            b, hq, t, d = val.shape
+            s = n.args[1].meta["val"].shape[-2]
+            pairs = s if t == 1 else t * (t + 1) // 2
+            total += 4 * b * hq * d * pairs
+    return int(total)
 
 
 def _gathered_only(prog, names) -> set:

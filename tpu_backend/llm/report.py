@@ -8,10 +8,11 @@ from the compiled HLO's memory spaces (tpu_backend/llm/hbm.py says why XLA's fig
 The compiled step has static shapes, so XLA counts the whole cache: the figures are those of the last step (the
 cache full). The decode kernel reads only the slots up to the position, so earlier steps read less.
 
-prefill_<L>: XLA's FLOPs and bytes, the step time at the roofline (max of FLOPs at the bf16 peak and bytes at the
-HBM bandwidth) and MFU = FLOPs / (that time x peak); and the MFU of XLA's own estimated step time
-(``optimal_seconds``). A figure XLA does not know (zero, negative, missing) is recorded as unknown with the reason,
-never as a number.
+prefill_<L>: the model FLOPs (export_lm counts them from the graph: matmuls, causal attention), XLA's FLOPs and
+bytes, the step time at the roofline (max of XLA's FLOPs at the bf16 peak and the HBM traffic at the bandwidth) and
+MFU = model FLOPs / (that time x peak), so work the program wastes (padding, masked attention blocks computed)
+lowers it; and the MFU at XLA's own estimated step time (``optimal_seconds``) when XLA knows it. A figure XLA
+does not know (zero, negative, missing) is recorded as unknown with the reason, never as a number.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def lm_report(bundle, report: dict, chip=None, figures: dict | None = None) -> d
         out["decode"] = _decode(bundle, dec, sigs["decode"], figures.get("decode", {}), chips, bw)
     for name in sorted(sigs):
         if name.startswith("prefill_") and name in bundle.signatures:
-            out[name] = _prefill(bundle.signatures[name], sigs[name], peak, bw)
+            model = (getattr(bundle, "lm_info", None) or {}).get("model_flops", {}).get(name)
+            out[name] = _prefill(bundle.signatures[name], sigs[name], figures.get(name, {}), model, chips, peak, bw)
     return out if len(out) > 3 else None  # None: none of the LLM's signatures was compiled
 
 
@@ -123,23 +125,31 @@ def _per_step(got, batch, lower, bw) -> dict:
             "tokens_per_s_per_chip": batch * bw / got if bw else _no_bw()}
 
 
-def _prefill(sig, entry, peak, bw) -> dict:
+def _prefill(sig, entry, fig, model_flops, chips, peak, bw) -> dict:
     tokens = int(sig.inputs[0].shape[0]) * int(sig.inputs[0].shape[1]) if len(sig.inputs[0].shape) == 2 else None
     flops = _known(entry["cost"]["flops"].get("per_chip", entry["cost"]["flops"]["per_device"]), "flops")
-    nbytes = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
-                    "bytes accessed")
+    xla_bytes = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
+                       "bytes accessed")
+    hbm = fig.get("hbm_traffic_bytes")
+    nbytes = hbm / chips if hbm else xla_bytes  # the HBM-traffic count when there is one (see _decode)
     opt = _known(entry["cost"]["optimal_seconds"]["value"], "optimal_seconds")
-    res = {"tokens": tokens, "flops": flops, "bytes_accessed": nbytes, "xla_optimal_seconds": opt,
-           "peak_bf16_flops_per_chip": peak}
-    if isinstance(flops, dict) or isinstance(nbytes, dict) or not peak or not bw:
-        why = "FLOPs, bytes, the bf16 peak or the HBM bandwidth is not known"
+    model = model_flops / chips if model_flops else unknown("the model FLOPs were not recorded (export_lm does)")
+    res = {"tokens": tokens, "model_flops": model, "xla_flops": flops, "xla_bytes_accessed": xla_bytes,
+           "hbm_traffic_bytes": hbm / chips if hbm else unknown("no TPU executable to count HBM traffic from"),
+           "xla_optimal_seconds": opt, "peak_bf16_flops_per_chip": peak,
+           "what": "MFU = model FLOPs / (step time x bf16 peak); step time at the roofline: max(XLA's FLOPs at the "
+                   "peak, the HBM traffic (else XLA's bytes) at the bandwidth)"}
+    if any(isinstance(v, dict) for v in (flops, nbytes, model)) or not peak or not bw:
+        why = "model FLOPs, XLA's FLOPs, the bytes, the bf16 peak or the HBM bandwidth is not known"
         res.update(roofline_seconds=unknown(why), mfu_at_roofline=unknown(why))
     else:
         t = max(flops / peak, nbytes / bw)
         res.update(roofline_seconds=t, bound="compute" if flops / peak >= nbytes / bw else "memory",
-                   mfu_at_roofline=flops / (t * peak))
-    if isinstance(opt, dict) or isinstance(flops, dict) or not peak:
-        res["mfu_at_xla_estimate"] = opt if isinstance(opt, dict) else unknown("FLOPs or the bf16 peak is not known")
+                   mfu_at_roofline=model / (t * peak))
+    if isinstance(opt, dict):
+        res["mfu_at_xla_estimate"] = opt
+    elif isinstance(model, dict) or not peak:
+        res["mfu_at_xla_estimate"] = unknown("model FLOPs or the bf16 peak is not known")
     else:
-        res["mfu_at_xla_estimate"] = flops / (opt * peak)
+        res["mfu_at_xla_estimate"] = model / (opt * peak)
     return res

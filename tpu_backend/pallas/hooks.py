@@ -29,6 +29,7 @@ from .decode_attention import decode_attention, decode_reason, repeat_factor, un
 from .dispatch import is_static_shape
 from .norms import _norm_reason, layer_norm, rms_norm
 from .patterns import find_norm_patterns
+from .prefill_attention import prefill_attention, prefill_reason
 from .sdpa import _attention_reason, attention
 
 __all__ = ["norm_pattern_rewrite", "sdpa_hook", "layer_norm_hook", "rms_norm_hook"]
@@ -62,8 +63,8 @@ def sdpa_hook(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
         q, k, v = q[None], k[None], v[None]
     if not is_static_shape(q, k, v, attn_mask):
         return _decline(ctx, "attention", "dynamic shapes (Pallas kernels are specialised to static shapes)")
-    if q.shape[2] == 1 and attn_mask is not None and not is_causal:
-        out = _decode_hook(ctx, q, k, v, attn_mask, scale)
+    if attn_mask is not None and not is_causal and q.ndim == 4:
+        out = _cache_hook(ctx, q, k, v, attn_mask, scale)
         if out is not NotImplemented:
             return out[0] if squeeze else out
     if q.shape[0] != k.shape[0] or k.shape[:2] != v.shape[:2] or q.shape[1] % k.shape[1]:
@@ -82,22 +83,25 @@ def sdpa_hook(ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scal
     return out[0] if squeeze else out
 
 
-def _decode_hook(ctx, q, k, v, mask, scale):
-    """One query token against a KV cache (an LLM's decode step): the flash-decoding kernel, reading the cache
-    un-repeated when the graph repeats it per query head (transformers' repeat_kv)."""
+def _cache_hook(ctx, q, k, v, mask, scale):
+    """Queries against a KV cache with an additive mask shared by the heads (an LLM's decode step, T = 1, and its
+    prefill): the flash-decoding / masked prefill kernels, reading the cache un-repeated when the graph repeats it
+    per query head (transformers' repeat_kv). NotImplemented leaves the node to the attention path below."""
     cfg = ctx.options.pallas
-    g = repeat_factor(ctx.node.args[1]) if k.ndim == 4 else 1
+    g = repeat_factor(ctx.node.args[1])
     if g != repeat_factor(ctx.node.args[2]):
         g = 1
     k, v = unrepeat(k, g), unrepeat(v, g)
     mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
     if mask.dtype != jax.numpy.bool_:
         mask = cast(mask, ctx.out_dtype)
-    reason = decode_reason(q, k, v, mask, cfg)
+    decode = q.shape[2] == 1
+    reason = (decode_reason if decode else prefill_reason)(q, k, v, mask, cfg)
     if reason is not None:
-        LOG.info("pallas decode_attention: %s left to the attention path: %s", ctx.node.name, reason)
+        LOG.info("pallas %s_attention: %s left to the attention path: %s", "decode" if decode else "prefill",
+                 ctx.node.name, reason)
         return NotImplemented
-    return decode_attention(q, k, v, mask, scale=scale, config=cfg)
+    return (decode_attention if decode else prefill_attention)(q, k, v, mask, scale=scale, config=cfg)
 
 
 def _norm_hook(ctx, kind, x, normalized_shape, weight, bias, eps):
