@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from . import layout as L
-from .values import Val
+from .values import SymVal, Val
 
 __all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "broadcast_plain",
            "static_out", "reduce_dims", "reduce"]
@@ -19,6 +19,10 @@ NHWC = (0, 2, 3, 1)  # a 4-D value laid out channel-last
 
 
 def as_val(lw, x, dtype) -> Val:
+    if isinstance(x, SymVal):  # a dynamic size used as a number: its run-time value, a 0-d tensor
+        if x.value is None:
+            return lw.cast(Val((), np.dtype(np.int32), (), tensor=lw.sym_scalar(x)), dtype)
+        x = x.value
     return x if isinstance(x, Val) else lw.const(np.asarray(x, dtype=dtype))
 
 

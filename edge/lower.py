@@ -21,7 +21,7 @@ from .builder import ModelBuilder, options, schema
 from .registry import EDGE
 from .values import SymVal, Val, np_dtype
 
-__all__ = ["Lowerer", "lower_signature", "SYM_OPS"]
+__all__ = ["Lowerer", "lower_signature", "SYM_OPS", "sym_binary"]
 
 aten = torch.ops.aten
 
@@ -55,6 +55,8 @@ class Lowerer(LoweringContextBase):
         self.sg = model.subgraph(sig.name)
         self.node = None
         self._tmp = 0
+        self.symbols: dict = {}  # sympy symbol of a dynamic input dim -> its SymVal ("dim", input, d)
+        self._dims: dict = {}  # (tensor, physical dim) -> int32 [1] tensor of that dim's run-time size
 
     # ------------------------------------------------------------------ current node
     def _dtype(self, torch_dtype) -> np.dtype:
@@ -62,6 +64,59 @@ class Lowerer(LoweringContextBase):
 
     def _shape(self, val) -> tuple:
         return _shape_of(val)
+
+    # ------------------------------------------------------------------ symbolic sizes
+    def dim(self, v: Val, d: int):
+        """Logical dim ``d`` of v: an int when static, else a SymVal read from v at run time."""
+        n = v.shape[d]
+        return n if n is not None else SymVal(None, ("dim", v, d))
+
+    def dims(self, v: Val) -> list:
+        return [self.dim(v, d) for d in range(v.rank)]
+
+    def sym(self, d):
+        """A torch size (int or SymInt) as an int, or a SymVal computed from the inputs' dims."""
+        if isinstance(d, int) or _static(d):
+            return int(d)
+        return self._from_sympy(d.node.expr)
+
+    @property
+    def out_dims(self) -> list:
+        """The first output's shape: ints, and SymVals for dynamic dims."""
+        return [self.sym(d) for d in self._outs()[0].shape]
+
+    def _from_sympy(self, e):
+        import sympy
+
+        if e.is_Integer:
+            return int(e)
+        if e in self.symbols:
+            return self.symbols[e]
+        kind = type(e).__name__
+        ops = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
+               "PythonMod": operator.mod, "Max": "MAXIMUM", "Min": "MINIMUM"}
+        if kind in ops and len(e.args) >= 2:
+            parts = [self._from_sympy(a) for a in e.args]
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = sym_binary(ops[kind], acc, p)
+            return acc
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            base, acc = self._from_sympy(e.base), None
+            for _ in range(int(e.exp)):
+                acc = base if acc is None else sym_binary(operator.mul, acc, base)
+            return acc
+        raise NotImplementedError(f"edge: the size {e} has no run-time form (supported: +, *, //, %, min, max of "
+                                  f"the inputs' dynamic dims)")
+
+    def sym_scalar(self, s, dtype=np.int32) -> int:
+        """A 0-d tensor of ``dtype`` holding symbolic int ``s`` (an int: a constant)."""
+        if isinstance(s, int) or (isinstance(s, SymVal) and s.value is not None):
+            return self.const_tensor(np.array(s if isinstance(s, int) else s.value, dtype))
+        t = self.reshape_tensor(self.sym_tensor(s), (), np.int32)
+        if np.dtype(dtype) != np.int32:
+            (t,), _ = self.emit("CAST", [t], [()], [dtype], suffix="cast")
+        return t
 
     def name(self, suffix: str = "") -> str:
         base = self.node.meta.get("tensor_name", self.node.name) if self.node is not None else "t"
@@ -225,18 +280,35 @@ class Lowerer(LoweringContextBase):
             kind = s.expr[0]
             if kind == "dim":
                 v, d = s.expr[1], s.expr[2]
-                (shp,), _ = self.emit("SHAPE", [self.tensor(v)], [(v.rank,)], [np.int32],
-                                      self.options("Shape", outType=2), suffix="shape")
-                idx = self.const_tensor([v.perm.index(d)], np.int32)
-                (t,), _ = self.emit("GATHER", [shp, idx], [(1,)], [np.int32], self.options("Gather", axis=0),
-                                    suffix="dim")
+                key = (self.tensor(v), v.perm.index(d))
+                if key not in self._dims:
+                    (shp,), _ = self.emit("SHAPE", [key[0]], [(v.rank,)], [np.int32],
+                                          self.options("Shape", outType=2), suffix="shape")
+                    idx = self.const_tensor([key[1]], np.int32)
+                    (self._dims[key],), _ = self.emit("GATHER", [shp, idx], [(1,)], [np.int32],
+                                                      self.options("Gather", axis=0), suffix="dim")
+                t = self._dims[key]
             elif kind is operator.neg:
                 (t,), _ = self.emit("NEG", [self.sym_tensor(s.expr[1])], [(1,)], [np.int32], suffix="sym")
             else:
                 a, b = self.sym_tensor(s.expr[1]), self.sym_tensor(s.expr[2])
-                (t,), _ = self.emit(_SYM_BINARY[kind], [a, b], [(1,)], [np.int32], suffix="sym")
+                (t,), _ = self.emit(_SYM_BINARY.get(kind, kind), [a, b], [(1,)], [np.int32], suffix="sym")
             s.tensor = t
         return s.tensor
+
+
+def sym_binary(op, a, b):
+    """``op`` (a Python operator, or "MAXIMUM" / "MINIMUM") on ints and SymVals: an int when both are known."""
+    av = a if isinstance(a, int) else a.value
+    bv = b if isinstance(b, int) else b.value
+    if av is not None and bv is not None:
+        fn = {"MAXIMUM": max, "MINIMUM": min}.get(op, op)
+        return int(fn(av, bv))
+    if op is operator.mul and (av == 1 or bv == 1):
+        return b if av == 1 else a
+    if op is operator.add and (av == 0 or bv == 0):
+        return b if av == 0 else a
+    return SymVal(None, (op, a, b))
 
 
 def _transpose_version(rank, dtype) -> int:
@@ -271,7 +343,7 @@ def _sym_value(lw, node, args) -> SymVal:
     if node.target in _SYM_BINARY:
         return SymVal(known, (node.target, args[0], args[1]))
     if known is None:
-        raise NotImplementedError(f"edge: symbolic {node.target} on dynamic sizes")
+        return lw.sym(val)  # sym_max, sym_min, ...: rebuilt from the inputs' dims
     return SymVal(known)
 
 
@@ -341,6 +413,10 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
             t = lw.sg.tensor(spec.name, [shape[p] for p in perm], dtype)
             inputs.append((spec.name, t))
             env[n] = Val(shape, dtype, perm, tensor=t)
+            for d, size in enumerate(n.meta["val"].shape):
+                expr = getattr(getattr(size, "node", None), "expr", None)
+                if expr is not None and expr.is_Symbol and expr not in lw.symbols:
+                    lw.symbols[expr] = SymVal(None, ("dim", env[n], d))
         elif n.op == "call_function":
             args = torch.fx.node.map_arg(bind_args(n), lambda a: env[a])
             if n.target is operator.getitem:

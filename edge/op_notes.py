@@ -56,14 +56,15 @@ EDGE_NOTES: dict[str, str] = {
     "aten.native_group_norm.default": "edge: RESHAPE to groups + the layer-norm sequence; " + _STATIC,
     "aten._cdist_forward.default": "edge: SUB of broadcast rows, then SQRT(SUM(SQUARE)) / SUM(ABS) / REDUCE_MAX(ABS); "
                                    "p in (1, 2, inf)",
-    "aten.empty.memory_format": "edge: FILL with zeros (contents unspecified); " + _STATIC,
+    "aten.empty.memory_format": "edge: FILL with zeros (contents unspecified)",
     "aten.empty_strided.default": "edge: FILL with zeros (contents unspecified); " + _STATIC,
     "aten.copy.default": "edge: CAST / BROADCAST_TO of src",
     "aten.var.correction": "edge: MEAN, SQUARED_DIFFERENCE, SUM, MUL; " + _STATIC,
-    "aten.gather.default": "edge: GATHER_ND with meshgrid coordinates; static index shape",
+    "aten.gather.default": "edge: GATHER_ND with meshgrid coordinates (a dynamic index shape: RANGE + "
+                           "BROADCAST_TO coordinates)",
     "aten.slice.Tensor": "edge: SLICE (a step dividing its dim: RESHAPE, SLICE, RESHAPE), else STRIDED_SLICE; "
-                         "static start/end",
-    "aten.arange.start_step": "edge: RANGE; static bounds",
+                         "a dynamic start/end: STRIDED_SLICE with run-time begin/end",
+    "aten.arange.start_step": "edge: RANGE (a dynamic bound read at run time)",
     "aten.constant_pad_nd.default": "edge: PAD / PADV2; non-negative pads",
     "aten.elu.default": "edge: ELU; alpha = scale = input_scale = 1",
     "aten.roll.default": "edge: SLICE x2 + CONCATENATION per dim",

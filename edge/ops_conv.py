@@ -28,6 +28,14 @@ def pad_mode(ins, ks, ss, ps, ds, outs):
     SAME also covers a ceil_mode pool whose last window overhangs the end by SAME's
     trailing pad (SqueezeNet's 3x3/2 max pools): with no PADV2 in front, which XNNPACK
     does not delegate, the pool stays in the delegated graph."""
+    if any(i is None for i in ins):
+        # a dynamic size: only the modes that place the windows as torch does at every size (a caller's
+        # support predicate has refused ceil_mode); None asks for an explicit PAD before a VALID op
+        if all(p == 0 for p in ps):
+            return VALID
+        if all(s == 1 and 2 * p == d * (k - 1) for k, s, p, d in zip(ks, ss, ps, ds)):
+            return SAME
+        return None
     if all(p == 0 for p in ps):
         valid = [(i - d * (k - 1) - 1) // s + 1 for i, k, s, d in zip(ins, ks, ss, ds)]
         if list(valid) == list(outs):
@@ -49,9 +57,11 @@ def spatial(x: Val):
 def _conv_support(n):
     x = n.args[0].meta["val"]
     transposed, groups = n.args[6], n.args[8]
-    if x.dim() not in (3, 4) or any(not isinstance(d, int) for d in x.shape[2:]):
+    if x.dim() not in (3, 4):
         return False
     if transposed:
+        if any(not isinstance(d, int) for d in x.shape[2:]):
+            return False
         w = n.args[1]
         const_w = isinstance(w, torch.fx.Node) and w.op == "placeholder" and "weight_name" in w.meta
         return (groups == 1 or const_w) and all(d == 1 for d in n.args[5]) and \
@@ -85,7 +95,7 @@ def _conv2d(lw, x, w, b, stride, padding, dilation, groups, out_shape):
     mode = pad_mode(spatial(x), ks, stride, padding, dilation, out_shape[2:])
     if mode is None:
         pads = [[0, 0], [0, 0]] + [[p, p] for p in padding]
-        shape = tuple(x.shape[:2]) + tuple(s + 2 * p for s, p in zip(x.shape[2:], padding))
+        shape = tuple(x.shape[:2]) + tuple(None if s is None else s + 2 * p for s, p in zip(x.shape[2:], padding))
         x = pad_value(lw, x, pads, 0.0, shape=shape, perm=NHWC)
         mode = VALID
     bias = b if b is not None else lw.const(np.zeros(o, x.dtype))

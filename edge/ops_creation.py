@@ -39,12 +39,18 @@ def scalar_tensor(lw, s, *_):
 
 # empty.memory_format(SymInt[] size, *, ScalarType? dtype=None, ...) -> Tensor
 # empty_strided(SymInt[] size, SymInt[] stride, *, ...) -> Tensor: contents are unspecified; zeros
-@lowering(aten.empty.memory_format, aten.empty_strided.default)
-@supported_if(static_out)
+@lowering(aten.empty.memory_format)
 def empty(lw, size, *_):
     shape = lw.out_shape
     dtype = lw.out_dtype
-    return lw.op("FILL", [lw.const_tensor(list(shape), np.int32), lw.const_tensor(np.array(0, dtype))], shape, dtype)
+    dims = lw.const_tensor(list(shape), np.int32) if None not in shape else lw.shape_tensor(lw.out_dims, infer=False)
+    return lw.op("FILL", [dims, lw.const_tensor(np.array(0, dtype))], shape, dtype)
+
+
+@lowering(aten.empty_strided.default)
+@supported_if(static_out)
+def empty_strided(lw, size, *_):
+    return empty(lw, size)
 
 
 # copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor: src in self's dtype and shape
@@ -94,9 +100,12 @@ def _fill_like(lw, x, value):
 
 
 # arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None, ...) -> Tensor
+# A symbolic bound (a dynamic size) is read at run time: RANGE takes 0-d tensors.
 @lowering(aten.arange.start_step)
-@supported_if(lambda n: not any(isinstance(a, torch.fx.Node) for a in n.args))
+@supported_if(lambda n: all(not isinstance(a, torch.fx.Node) or isinstance(a.meta.get("val"), (int, torch.SymInt))
+                            for a in n.args))
 def arange(lw, start, end, step=1, *_):
     dtype = lw.out_dtype
-    ins = [lw.const_tensor(np.array(v, dtype)) for v in (start, end, step)]
+    ins = [lw.sym_scalar(v, dtype) if isinstance(v, SymVal) else lw.const_tensor(np.array(v, dtype))
+           for v in (start, end, step)]
     return lw.op("RANGE", ins, lw.out_shape, dtype)

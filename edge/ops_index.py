@@ -93,12 +93,13 @@ def index(lw, x, indices):
     shape = lw.out_shape
     k = len(indices)
     bshape = shape[: len(shape) - (x.rank - k)]
+    bdims = list(bshape) if None not in bshape else lw.out_dims[:len(bshape)]  # run-time sizes where dynamic
     cols = []
     for ix in indices:
         ix = lw.cast(ix, np.int32)
-        full = [1] * (len(bshape) - ix.rank) + list(ix.shape) + [1]
+        full = [1] * (len(bshape) - ix.rank) + lw.dims(ix) + [1]
         v = lw.const(ix.const.reshape(full)) if ix.is_const else lw.reshape(lw.with_perm(ix, L.identity(ix.rank)), full)
-        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(bshape) + [1], np.int32)],
+        cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.shape_tensor(bdims + [1], infer=False)],
                           tuple(bshape) + (1,), np.int32, suffix="idx"))
     coords = lw.op("CONCATENATION", [lw.tensor(c) for c in cols], tuple(bshape) + (k,), np.int32,
                    opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
@@ -123,9 +124,10 @@ def _index_form(indices):
 
 # gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
 @lowering(aten.gather.default)
-@supported_if(lambda n: all(isinstance(d, int) for d in n.args[2].meta["val"].shape))
 def gather(lw, x, dim, index, sparse_grad=False):
     dim %= x.rank
+    if not index.static:
+        return _sym_gather(lw, x, dim, index)
     shape = tuple(index.shape)
     grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij")
     idx = lw.cast(index, np.int32)
@@ -139,6 +141,31 @@ def gather(lw, x, dim, index, sparse_grad=False):
                        opts=lw.options("Concatenation", axis=len(shape)), suffix="coords")
     x = lw.with_perm(x, L.identity(x.rank))
     return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype)
+
+
+def _sym_gather(lw, x: Val, dim: int, index: Val) -> Val:
+    """gather with an index of run-time shape: each coordinate but ``dim``'s is a RANGE over the index's dim,
+    broadcast to the index's shape, for GATHER_ND."""
+    r = index.rank
+    dims = lw.dims(index)
+    full = lw.shape_tensor(dims + [1], infer=False)
+    idx = plain(lw, lw.cast(index, np.int32))
+    parts = []
+    for k in range(r):
+        if k == dim:
+            parts.append(lw.tensor(lw.reshape(idx, dims + [1])))
+            continue
+        pos = lw.op("RANGE", [lw.sym_scalar(0), lw.sym_scalar(dims[k]), lw.sym_scalar(1)], (index.shape[k],),
+                    np.int32, suffix="pos")
+        shp = [1] * (r + 1)
+        shp[k] = dims[k]
+        pos = lw.reshape(pos, shp)
+        parts.append(lw.emit("BROADCAST_TO", [lw.tensor(pos), full], [tuple(index.shape) + (1,)], [np.int32],
+                             suffix="pos")[0][0])
+    coords = lw.op("CONCATENATION", parts, tuple(index.shape) + (r,), np.int32,
+                   opts=lw.options("Concatenation", axis=r), suffix="coords")
+    x = plain(lw, x)
+    return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], lw.out_shape, x.dtype)
 
 
 # embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False)

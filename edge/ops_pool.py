@@ -44,7 +44,7 @@ def _maxpool_support(n):
     dil = arguments(n)["dilation"]
     x = n.args[0].meta["val"]
     return _indices_unused(n) and all(d == 1 for d in dil) and x.dim() == 4 and \
-        all(isinstance(d, int) for d in x.shape[2:])
+        (all(isinstance(d, int) for d in x.shape[2:]) or not arguments(n)["ceil_mode"])
 
 
 # max_pool2d_with_indices(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0,
@@ -59,9 +59,11 @@ def max_pool2d(lw, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=F
         # pad with -inf (never the max), including what ceil_mode's last window reaches past.
         # Not zeros after a ReLU: XNNPACK would take that PAD, and its pad kernel (unless
         # fused into a following conv) measured ~8x slower than the builtin PADV2 here
-        ends = [(o - 1) * s + k - (i + p) for o, s, k, i, p in zip(out[2:], ss, ks, x.shape[2:], ps)]
+        # (a dynamic size, no ceil_mode: torch's own pads, the last window ends inside them)
+        ends = [p if o is None or i is None else (o - 1) * s + k - (i + p)
+                for o, s, k, i, p in zip(out[2:], ss, ks, x.shape[2:], ps)]
         pads = [[0, 0], [0, 0]] + [[p, max(e, 0)] for p, e in zip(ps, ends)]
-        shape = tuple(x.shape[:2]) + tuple(i + a + b for i, (a, b) in zip(x.shape[2:], pads[2:]))
+        shape = tuple(x.shape[:2]) + tuple(None if i is None else i + a + b for i, (a, b) in zip(x.shape[2:], pads[2:]))
         x = pad_value(lw, x, pads, float("-inf"), shape=shape, perm=NHWC)
         mode = VALID
     return _pool(lw, "MAX_POOL_2D", x, ks, ss, mode, out), None
@@ -81,7 +83,11 @@ def _avg_counts(n_in, k, s, p, n_out, include_pad):
 
 def _avgpool_support(n):
     x = n.args[0].meta["val"]
-    return x.dim() == 4 and all(isinstance(d, int) for d in x.shape[2:])
+    if x.dim() == 4 and not all(isinstance(d, int) for d in x.shape[2:]):  # dynamic: unpadded windows only
+        a = arguments(n)
+        return all(p == 0 for p in _pool_args(a["kernel_size"], a["stride"], a["padding"])[2]) and \
+            not a["ceil_mode"] and a["divisor_override"] is None
+    return x.dim() == 4
 
 
 # avg_pool2d(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False,
@@ -119,8 +125,10 @@ def avg_pool2d(lw, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_
 def _adaptive_support(n):
     x = n.args[0].meta["val"]
     oh, ow = n.args[1]
-    if x.dim() != 4 or not all(isinstance(d, int) for d in x.shape[2:]):
+    if x.dim() != 4:
         return False
+    if not all(isinstance(d, int) for d in x.shape[2:]):
+        return (oh, ow) == (1, 1)  # a global mean at any size
     return (oh, ow) == (1, 1) or (x.shape[2] % oh == 0 and x.shape[3] % ow == 0)
 
 

@@ -15,8 +15,15 @@ aten = torch.ops.aten
 
 
 def _resize_support(n):
-    x = n.args[0].meta["val"]
-    return x.dim() == 4 and all(isinstance(d, int) for d in n.meta["val"].shape[2:])
+    return n.args[0].meta["val"].dim() == 4
+
+
+def _size(lw):
+    """The output's H, W: a constant, or computed at run time from the inputs' dynamic dims."""
+    out = lw.out_shape
+    if None not in out[2:]:
+        return lw.const_tensor(list(out[2:]), np.int32)
+    return lw.shape_tensor(lw.out_dims[2:], infer=False)
 
 
 # upsample_bilinear2d.vec(Tensor input, SymInt[]? output_size, bool align_corners, float[]? scale_factors) -> Tensor
@@ -24,7 +31,7 @@ def _resize_support(n):
 @supported_if(_resize_support)
 def upsample_bilinear2d(lw, x, output_size, align_corners, scale_factors=None):
     out = lw.out_shape
-    ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
+    ins = [lw.tensor(x, NHWC), _size(lw)]
     opts = lw.options("ResizeBilinear", alignCorners=bool(align_corners), halfPixelCenters=not align_corners)
     return lw.op("RESIZE_BILINEAR", ins, out, x.dtype, NHWC, opts, version=1 if align_corners else 3)
 
@@ -34,6 +41,6 @@ def upsample_bilinear2d(lw, x, output_size, align_corners, scale_factors=None):
 @supported_if(_resize_support)
 def upsample_nearest2d(lw, x, output_size, scale_factors=None):
     out = lw.out_shape
-    ins = [lw.tensor(x, NHWC), lw.const_tensor(list(out[2:]), np.int32)]
+    ins = [lw.tensor(x, NHWC), _size(lw)]
     opts = lw.options("ResizeNearestNeighbor", alignCorners=False, halfPixelCenters=False)
     return lw.op("RESIZE_NEAREST_NEIGHBOR", ins, out, x.dtype, NHWC, opts)

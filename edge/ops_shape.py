@@ -25,7 +25,10 @@ def view_shape(lw, size) -> list:
     """The target shape of a view/reshape: static dims from the node's aval, dynamic dims as
     the SymVal the graph passed (or None)."""
     out = lw.out_shape
-    return [d if d is not None else (size[i] if isinstance(size[i], SymVal) else None) for i, d in enumerate(out)]
+    if None not in out:
+        return list(out)
+    dims = lw.out_dims
+    return [d if d is not None else (size[i] if isinstance(size[i], SymVal) else dims[i]) for i, d in enumerate(out)]
 
 
 # view(Tensor(a) self, SymInt[] size) -> Tensor(a) ; _unsafe_view / reshape: the same
@@ -37,7 +40,7 @@ def view(lw, x, size):
 # squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a) ; squeeze.dim / squeeze.default ; unsqueeze(self, int dim)
 @lowering(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default, aten.unsqueeze.default)
 def squeeze(lw, x, *dims):
-    return lw.reshape(x, lw.out_shape)
+    return lw.reshape(x, lw.out_shape if None not in lw.out_shape else lw.out_dims)
 
 
 # permute(Tensor(a) self, int[] dims) -> Tensor(a): only the layout changes

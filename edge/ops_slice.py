@@ -13,7 +13,7 @@ from converter.registry import arguments
 from . import layout as L
 from .helpers import plain
 from .registry import lowering, supported_if
-from .values import Val
+from .values import SymVal, Val
 
 __all__ = ["strided_slice", "pad_value"]
 
@@ -140,13 +140,35 @@ def _slice_version(rank, dtype) -> int:
 
 
 # slice.Tensor(Tensor(a) self, int dim=0, SymInt? start=None, SymInt? end=None, SymInt step=1) -> Tensor(a)
+# start / end may be symbolic (a dynamic size): STRIDED_SLICE with begin / end computed at run time
 @lowering(aten.slice.Tensor)
-@supported_if(lambda n: all(not isinstance(arguments(n)[k], torch.fx.Node) for k in ("start", "end", "step")))
+@supported_if(lambda n: not isinstance(arguments(n)["step"], torch.fx.Node))
 def slice_(lw, x, dim=0, start=None, end=None, step=1):
     dim %= x.rank
+    start, end = (v.value if isinstance(v, SymVal) and v.value is not None else v for v in (start, end))
+    if isinstance(start, SymVal) or isinstance(end, SymVal):
+        return _sym_slice(lw, x, dim, start, end, step)
     if (start in (None, 0)) and (end is None or end >= _BIG or end == x.shape[dim]) and step == 1:
         return lw.alias(x)
     return strided_slice(lw, x, {dim: (start, end, step)})
+
+
+def _sym_slice(lw, x: Val, dim, start, end, step) -> Val:
+    """x[start:end:step] along ``dim`` with a run-time start or end (STRIDED_SLICE clamps both to the dim's
+    extent, as Python slicing does; a negative one counts from the end, as torch's does)."""
+    i = x.perm.index(dim)
+    mask = sum(1 << j for j in range(x.rank) if j != i)
+    begin = [0] * x.rank
+    stop = [0] * x.rank
+    begin[i] = 0 if start is None else start
+    if end is None or (isinstance(end, int) and end >= _BIG):
+        stop[i], mask_e = 0, mask | (1 << i)
+    else:
+        stop[i], mask_e = end, mask
+    ins = [lw.tensor(x), lw.shape_tensor(begin, infer=False), lw.shape_tensor(stop, infer=False),
+           lw.const_tensor([1] * i + [int(step)] + [1] * (x.rank - i - 1), np.int32)]
+    opts = lw.options("StridedSlice", beginMask=mask, endMask=mask_e)
+    return lw.op("STRIDED_SLICE", ins, lw.out_shape, x.dtype, x.perm, opts, version=4 if x.rank > 4 else 1)
 
 
 # select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)

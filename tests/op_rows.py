@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["OpRow", "ROWS", "OpModule", "row_inputs", "rows_by_id"]
+__all__ = ["OpRow", "ROWS", "OpModule", "row_inputs", "rows_by_id", "dynamic_shapes", "args_at"]
 
 
 @dataclass
@@ -49,6 +49,10 @@ class OpRow:
     why: str = ""  # required when tolerance is looser than 1e-5
     kind: str = "float"  # or "int", "bool"
     weights: tuple = ()  # positional indices of args that are model parameters
+    # symbolic sizes: positional arg index -> {dim: size name}; the row is also exported with those dims
+    # dynamic and run at each of ``sizes`` ({name: size}) besides the sample's own
+    dyn: dict = field(default_factory=dict)
+    sizes: tuple = ()
 
 
 # --------------------------------------------------------------------------------------
@@ -164,8 +168,8 @@ def away_from_half(*shape, scale=3.0):
 ROWS: list[OpRow] = []
 
 
-def row(id, fn, *args, kind="float", weights=(), rtol=1e-5, atol=0.0, why="", **kwargs):
-    ROWS.append(OpRow(id, fn, tuple(args), kwargs, rtol, atol, why, kind, tuple(weights)))
+def row(id, fn, *args, kind="float", weights=(), rtol=1e-5, atol=0.0, why="", dyn=None, sizes=(), **kwargs):
+    ROWS.append(OpRow(id, fn, tuple(args), kwargs, rtol, atol, why, kind, tuple(weights), dyn or {}, tuple(sizes)))
 
 
 # --------------------------------------------------------------------------------------
@@ -769,6 +773,134 @@ row("dt_u8_where", torch.where, bools(*D), ints(*D, lo=0, hi=250, dtype=torch.ui
 row("dt_u8_reshape", lambda x: x.reshape(4, 6), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
 row("dt_u8_transpose", lambda x: x.transpose(0, 2), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
 row("dt_u8_to_f32", lambda x: x.to(torch.float32), ints(*D, lo=0, hi=250, dtype=torch.uint8))
+
+
+# --------------------------------------------------------------------------------------
+# symbolic sizes: each row exported with the named dims dynamic and run at the sample's sizes and at
+# every entry of ``sizes`` (the range's ends among them). The shapes an op computes from a dynamic dim
+# (reshape targets, iota, masks, gather coordinates, slice bounds) are built in the graph.
+
+BS = ({"b": 1, "s": 2}, {"b": 5, "s": 13})  # with the samples' (2, 6) below
+S_ = ({"s": 2}, {"s": 17})
+HW = ({"h": 5, "w": 9}, {"h": 16, "w": 16})
+
+
+def _sym(id, fn, *args, dyn, sizes=BS, **kw):
+    row("sym_" + id, fn, *args, dyn=dyn, sizes=sizes, **kw)
+
+
+BSD = {0: "b", 1: "s"}
+_sym("add_bcast", lambda x, y: x + y * 2, r(2, 6, 8), r(8), dyn={0: BSD})
+_sym("mul_same", torch.mul, r(2, 6, 8), r(2, 6, 8), dyn={0: BSD, 1: BSD})
+_sym("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), r(2, 6, 8), dyn={0: BSD}, rtol=2e-5,
+     why="tanh form on float32")
+_sym("exp_log", lambda x: torch.log(torch.exp(x) + 1.0), r(2, 6, 8), dyn={0: BSD}, rtol=2e-6, why="exp/log ulps")
+_sym("where_mask", lambda m, x: torch.where(m, x, -x), bools(2, 6, 8), r(2, 6, 8), dyn={0: BSD, 1: BSD})
+_sym("masked_fill", lambda x, m: x.masked_fill(m[:, None, :] == 0, -1e4), r(2, 3, 6), ints(2, 6, lo=0, hi=2),
+     dyn={0: {0: "b", 2: "s"}, 1: BSD})
+_sym("mean_last", lambda x: x.mean(-1, keepdim=True), r(2, 6, 8), dyn={0: BSD})
+_sym("sum_seq", lambda x: x.sum(1), r(2, 6, 8), dyn={0: BSD})
+_sym("amax_seq", lambda x: x.amax(1), r(2, 6, 8), dyn={0: BSD})
+_sym("softmax_seq", lambda x: torch.softmax(x, 1), r(2, 6, 8), dyn={0: BSD})
+_sym("softmax_last", lambda x: torch.softmax(x, -1), r(2, 8, 6), dyn={0: {0: "b", 2: "s"}})
+_sym("layer_norm", lambda x, w, b: F.layer_norm(x, (8,), w, b), r(2, 6, 8), r(8), r(8), weights=(1, 2),
+     dyn={0: BSD}, rtol=2e-5, why="rsqrt of the variance")
+_sym("linear", F.linear, r(2, 6, 8), r(16, 8), r(16), weights=(1, 2), dyn={0: BSD})
+_sym("matmul_qk", lambda q, k: q @ k.transpose(-1, -2), r(2, 4, 6, 8), r(2, 4, 6, 8),
+     dyn={0: BSD, 1: BSD})
+_sym("bmm_dynamic_inner", torch.bmm, r(2, 3, 6), r(2, 6, 4), dyn={0: {0: "b", 2: "s"}, 1: BSD})
+_sym("view_merge_heads", lambda x: x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1), r(2, 4, 6, 8),
+     dyn={0: {0: "b", 2: "s"}})
+_sym("view_split_heads", lambda x: x.view(x.shape[0], x.shape[1], 4, 2).transpose(1, 2), r(2, 6, 8),
+     dyn={0: BSD})
+_sym("flatten_all", lambda x: x.flatten() * 2, r(2, 6, 8), dyn={0: BSD})
+_sym("unsqueeze_expand", lambda m: m[:, None, None, :].expand(-1, 1, m.shape[1], -1).float(), ints(2, 6, lo=0, hi=2),
+     dyn={0: BSD})
+_sym("cat_seq", lambda x, y: torch.cat([x, y], 1), r(2, 6, 8), r(2, 6, 8), dyn={0: BSD, 1: BSD})
+_sym("cat_const_token", lambda x, t: torch.cat([t.expand(x.shape[0], -1, -1), x], 1), r(2, 6, 8), r(1, 1, 8),
+     weights=(1,), dyn={0: BSD})
+_sym("slice_to_size", lambda p, x: p[:, : x.shape[1]] + x, r(1, 32, 8), r(2, 6, 8), weights=(0,),
+     dyn={1: BSD})
+_sym("slice_from_one", lambda x: x[:, 1:] * 2, r(2, 6, 8), dyn={0: BSD}, sizes=({"b": 1, "s": 3}, {"b": 5, "s": 13}))
+_sym("select_first", lambda x: x[:, 0], r(2, 6, 8), dyn={0: BSD})
+_sym("select_last", lambda x: x[:, -1], r(2, 6, 8), dyn={0: BSD})
+_sym("arange_seq", lambda x: x + torch.arange(x.shape[1], dtype=torch.float32)[:, None], r(2, 6, 8),
+     dyn={0: BSD})
+_sym("arange_offset", lambda x: torch.arange(2, x.shape[1] + 2)[None, :] * x.shape[0], ints(2, 6), dyn={0: BSD},
+     kind="int")
+_sym("full_from_size", lambda x: torch.full((x.shape[0], x.shape[1]), 3.0) + x[..., 0], r(2, 6, 8), dyn={0: BSD})
+_sym("ones_like", lambda x: torch.ones_like(x) + x, r(2, 6, 8), dyn={0: BSD})
+_sym("empty_fill", lambda x: x + torch.empty(x.shape[0], x.shape[1], 8).fill_(1.5), r(2, 6, 8), dyn={0: BSD})
+_sym("new_zeros", lambda x: x.new_zeros(x.shape[0], x.shape[1], 2) + x[..., :2], r(2, 6, 8), dyn={0: BSD})
+_sym("embedding", lambda ids, w: F.embedding(ids, w), ints(2, 6, lo=0, hi=30), r(30, 8), weights=(1,),
+     dyn={0: BSD})
+_sym("gather_positions", lambda t, ids: torch.gather(t.expand(ids.shape[0], -1), 1, ids), ints(1, 32, lo=0, hi=3),
+     ints(2, 6, lo=0, hi=32), weights=(0,), dyn={1: BSD}, kind="int")
+_sym("index_select_seq", lambda x, i: x.index_select(1, i), r(2, 6, 8), ints(3, lo=0, hi=2), dyn={0: BSD})
+_sym("cumsum_seq", lambda x: torch.cumsum(x, 1), r(2, 6, 8), dyn={0: BSD}, rtol=2e-6, why="summation order")
+_sym("pad_seq", lambda x: F.pad(x, (0, 0, 1, 2)), r(2, 6, 8), dyn={0: BSD})
+_sym("flip_seq", lambda x: x.flip(1), r(2, 6, 8), dyn={0: BSD})
+_sym("sdpa", lambda q, k, v: F.scaled_dot_product_attention(q, k, v), r(2, 4, 6, 8), r(2, 4, 6, 8),
+     r(2, 4, 6, 8), dyn={0: BSD, 1: BSD, 2: BSD}, rtol=2e-6, why="softmax")
+_sym("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), r(2, 4, 6, 8),
+     r(2, 4, 6, 8), r(2, 4, 6, 8), dyn={0: {2: "s"}, 1: {2: "s"}, 2: {2: "s"}}, sizes=S_, rtol=2e-6, why="softmax")
+_sym("sdpa_gqa_mask", lambda q, k, v, m: F.scaled_dot_product_attention(
+    q, k, v, attn_mask=m[:, None, None, :] > 0, enable_gqa=True), r(2, 4, 6, 8), r(2, 2, 6, 8), r(2, 2, 6, 8),
+    ints(2, 6, lo=1, hi=3), dyn={0: {0: "b", 2: "s"}, 1: {0: "b", 2: "s"}, 2: {0: "b", 2: "s"}, 3: BSD},
+    rtol=2e-6, why="softmax")
+_sym("conv2d_hw", F.conv2d, r(1, 3, 8, 10), r(4, 3, 3, 3), r(4), weights=(1, 2), padding=1,
+     dyn={0: {2: "h", 3: "w"}}, sizes=HW)
+_sym("conv2d_stride2_hw", F.conv2d, r(1, 3, 8, 10), r(4, 3, 3, 3), None, weights=(1,), stride=2, padding=1,
+     dyn={0: {2: "h", 3: "w"}}, sizes=HW)
+_sym("max_pool_hw", lambda x: F.max_pool2d(x, 3, 2, 1), r(1, 3, 8, 10), dyn={0: {2: "h", 3: "w"}}, sizes=HW)
+_sym("avg_pool_global", lambda x: F.adaptive_avg_pool2d(x, 1), r(1, 3, 8, 10), dyn={0: {2: "h", 3: "w"}},
+     sizes=HW, rtol=2e-6, why="mean of a variable count")
+_sym("batch_norm_hw", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b), r(2, 3, 8, 10), r(3), pos(3), r(3), r(3),
+     weights=(1, 2, 3, 4), dyn={0: {0: "b", 2: "h", 3: "w"}}, sizes=({"b": 1, "h": 5, "w": 9}, {"b": 3, "h": 16,
+                                                                                               "w": 16}))
+_sym("interp_bilinear_x2", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
+     r(1, 3, 8, 10), dyn={0: {2: "h", 3: "w"}}, sizes=HW)
+_sym("interp_to_input_size", lambda x, y: F.interpolate(y, size=x.shape[-2:], mode="bilinear",
+                                                        align_corners=False) + x,
+     r(1, 3, 8, 10), r(1, 3, 4, 5), dyn={0: {2: "h", 3: "w"}, 1: {2: "h2", 3: "w2"}},
+     sizes=({"h": 5, "w": 9, "h2": 3, "w2": 5}, {"h": 16, "w": 16, "h2": 8, "w2": 8}))
+
+
+def dynamic_shapes(rw: OpRow) -> tuple:
+    """torch.export dynamic_shapes for ``row_inputs(rw, weights_as_params=True)``: one Dim per size name,
+    ranging over the sample's size and every entry of ``rw.sizes``."""
+    seen: dict = {}
+    for i, dims in rw.dyn.items():
+        for d, nm in dims.items():
+            seen.setdefault(nm, []).append(rw.args[i].shape[d])
+    for sz in rw.sizes:
+        for nm, n in sz.items():
+            seen.setdefault(nm, []).append(n)
+    dims = {nm: torch.export.Dim(nm, min=min(v), max=max(v)) for nm, v in seen.items()}
+    out = []
+    for where, key in _tensor_slots(rw):
+        if where == "a" and key in rw.weights:
+            continue
+        out.append({d: dims[nm] for d, nm in rw.dyn.get(key, {}).items()} if where == "a" else None)
+    return tuple(out)
+
+
+def args_at(rw: OpRow, sizes: dict, seed: int = 0) -> tuple:
+    """rw.args with the dynamic dims at ``sizes``: fresh seeded values drawn like the sample's (floats uniform
+    over its range, ints over its range, bools half set)."""
+    g = torch.Generator().manual_seed(seed)
+    out = list(rw.args)
+    for i, dims in rw.dyn.items():
+        a = rw.args[i]
+        shape = [sizes.get(dims.get(d), n) for d, n in enumerate(a.shape)]
+        if a.dtype == torch.bool:
+            out[i] = torch.rand(shape, generator=g) < 0.5
+        elif a.dtype.is_floating_point:
+            lo, hi = float(a.min()), float(a.max())
+            out[i] = (lo + (hi - lo) * torch.rand(shape, generator=g)).to(a.dtype)
+        else:
+            out[i] = torch.randint(int(a.min()), int(a.max()) + 1, shape, generator=g, dtype=a.dtype)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.edge._util import assert_close
-from tests.op_rows import ROWS, OpModule, row_inputs
+from tests.op_rows import ROWS, OpModule, args_at, dynamic_shapes, row_inputs
 
 # row id -> why the edge backend does not lower it (yet)
 _NO_INT_BITWISE = "LiteRT has no integer bitwise AND/OR/NOT or left-shift builtin"
@@ -50,6 +50,59 @@ def test_op_row(row):
     if isinstance(want, (tuple, list)):
         want = tuple(want)
     assert_close(got, want, row.rtol, row.atol, exact=row.kind != "float", what=row.id)
+
+
+def _dyn_params():
+    for r in ROWS:
+        if r.dyn:
+            marks = [pytest.mark.xfail(reason=XFAIL_DYNAMIC[r.id], strict=True)] if r.id in XFAIL_DYNAMIC else []
+            yield pytest.param(r, id=r.id, marks=marks)
+
+
+# row id -> why its dynamic form is not lowered (yet)
+XFAIL_DYNAMIC: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("row", list(_dyn_params()))
+def test_op_row_symbolic_sizes(row):
+    """The row exported with its named dims dynamic: the .tflite marks them -1 in shape_signature, and one
+    interpreter resized (resize_tensor_input, strict: only -1 dims may change) to each size matches torch."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    import litert_torch
+
+    module = OpModule(row, weights_as_params=True).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = litert_torch.convert(module, row_inputs(row, weights_as_params=True),
+                                     dynamic_shapes=(dynamic_shapes(row),))  # forward(*tensors)
+    it = Interpreter(model_content=model.tflite_model())
+    ins, outs = it.get_input_details(), it.get_output_details()
+    for d, spec in zip(ins, dynamic_shapes(row)):
+        assert sorted(i for i, n in enumerate(d["shape_signature"]) if n == -1) == sorted(spec or {}), d
+    sizes = [{}] + list(row.sizes)
+    for k, sz in enumerate(sizes):
+        args = args_at(row, sz, seed=k) if sz else row.args
+        inputs = row_inputs(_with_args(row, args), weights_as_params=True)
+        for d, x in zip(ins, inputs):
+            it.resize_tensor_input(d["index"], list(x.shape), strict=True)
+        it.allocate_tensors()
+        for d, x in zip(ins, inputs):
+            it.set_tensor(d["index"], x.numpy().astype(d["dtype"]))
+        it.invoke()
+        got = [torch.from_numpy(it.get_tensor(o["index"])) for o in outs]
+        with torch.no_grad():
+            want = row.fn(*args, **row.kwargs)
+        want = tuple(want) if isinstance(want, (tuple, list)) else want
+        assert_close(got[0] if len(got) == 1 else tuple(got), want, row.rtol, row.atol, exact=row.kind != "float",
+                     what=f"{row.id} at {sz or 'the sample sizes'}")
+
+
+def _with_args(row, args):
+    """``row`` with other args (the same slots)."""
+    import dataclasses
+
+    return dataclasses.replace(row, args=tuple(args))
 
 
 # ------------------------------------------------------------------ lowering forms chosen for XNNPACK
