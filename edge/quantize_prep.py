@@ -38,6 +38,9 @@ def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> b
         for sg in obj.subgraphs:
             _lookups_for_gathers(obj, sg, s)
     _rename(obj)
+    external = [(i, int(buf.offset), int(buf.size)) for i, buf in enumerate(obj.buffers) if (buf.offset or 0) > 1]
+    if external:
+        return _pack_large(obj, external, tflite, s)
     # room for the new names, tensors and alignment up front: a Builder that grows doubles (a second full copy)
     b = flatbuffers.Builder(len(tflite) + len(tflite) // 64 + (1 << 20))
     b.Finish(obj.Pack(b), file_identifier=b"TFL3")
@@ -46,6 +49,36 @@ def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> b
     # bytes() are a copy each, 2x a 400 MB LLM's size on top of the input and the builder)
     out = b.Bytes
     del out[:b.Head()]
+    return out
+
+
+def _pack_large(obj, external, tflite, s) -> bytearray:
+    """The large-model form (past 2 GiB: Buffer.offset / size from the file's start, data after the flatbuffer)
+    repacked: the tables are packed with placeholder offsets, then each buffer's data is copied after them, 16-byte
+    aligned, and its offset and size patched in (the layout edge.builder and ai-edge-quantizer write)."""
+    import struct
+
+    import flatbuffers
+
+    for i, _, _ in external:
+        obj.buffers[i].offset = obj.buffers[i].size = 1  # non-default, so that the packer writes both fields
+    b = flatbuffers.Builder(1 << 20)
+    b.Finish(obj.Pack(b), file_identifier=b"TFL3")
+    head = b.Output()
+    place, end = [], len(head)
+    for i, old, n in external:
+        start = (end + 15) // 16 * 16
+        place.append((i, start, old, n))
+        end = start + n
+    out = bytearray(end)
+    out[:len(head)] = head
+    model = s.Model.GetRootAs(out, 0)
+    src = memoryview(tflite)
+    for i, start, old, n in place:
+        tab = model.Buffers(i)._tab
+        struct.pack_into("<Q", out, tab.Pos + tab.Offset(6), start)  # Buffer.offset (vtable slot 6)
+        struct.pack_into("<Q", out, tab.Pos + tab.Offset(8), n)  # Buffer.size (slot 8)
+        out[start:start + n] = src[old:old + n]
     return out
 
 
