@@ -18,15 +18,13 @@ Notes on libtpu on a CPU-only host (measured with jax 0.10.2 / libtpu 0.0.42):
   is described with ``chips_per_host_bounds=(1, 1, 1)``.
 * tpu7x exposes each of a chip's two TensorCores as a device (a 2x2x1 slice has 8 devices);
   XLA's per-device figures are then per TensorCore.
-* The TPU_WORKER_HOSTNAMES / accelerator-type warnings libtpu prints on such hosts are
-  harmless noise.
+* The TPU_WORKER_HOSTNAMES / accelerator-type errors libtpu prints on such hosts are avoided by
+  ``host.prepare_cpu_host``, which export, compile and load call before jax's backends start.
 """
 
 from __future__ import annotations
 
 import functools
-import glob
-import os
 import re
 import time
 
@@ -35,13 +33,11 @@ from .artifact.report import build_report, figures_of
 from .artifact.versions import runtime_versions
 from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
 from .export import x64_scope
+from .host import prepare_cpu_host
 from .sharding import named_sharding
 
 __all__ = ["compile_for", "compile_on_devices", "topology_devices", "HbmOverflowError", "AotError",
            "InvalidTopologyError", "prepare_cpu_host"]
-
-_GOOGLE_PCI_VENDOR = "0x1ae0"
-
 
 class AotError(RuntimeError):
     """The TPU compiler refused the program."""
@@ -55,36 +51,11 @@ class HbmOverflowError(AotError):
         self.needed, self.available = needed, available
 
 
-def _tpu_attached() -> bool:
-    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(vendor) as f:
-                if f.read().strip() == _GOOGLE_PCI_VENDOR:
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def prepare_cpu_host() -> None:
-    """On a host with no TPU attached, set (if unset) the libtpu variables that make TPU AOT
-    compiles work beside other jax processes and keep libtpu from printing its
-    "could not determine TPU worker hostnames / accelerator type" errors: with nothing to run
-    on, libtpu only needs *some* well-formed answer. Called by entry points (the CLI, the test
-    suite) before jax starts, never at import time. A TPU host is left untouched."""
-    if _tpu_attached():
-        return
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-4")
-
-
 @functools.lru_cache(maxsize=None)
 def _topology(libtpu_name: str, one_chip: bool):
     from jax.experimental import topologies
 
-    if not _tpu_attached():
-        os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    prepare_cpu_host()  # a process whose first jax use is this compile: libtpu starts quiet
     kw = {"chips_per_host_bounds": (1, 1, 1)} if one_chip else {}
     return topologies.get_topology_desc(libtpu_name, "tpu", **kw)
 
@@ -115,6 +86,7 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
     ``dim_values`` fixes dynamic dims for the compile (default: the smallest size in range
     that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
     """
+    prepare_cpu_host()  # before jax's backends start, if this is the process's first jax use
     topo = parse_topology(target, topology)
     if "tpu" not in bundle.platforms:
         raise AotError(f"the bundle was exported for {list(bundle.platforms)}; AOT for {topo.chip.target} needs "

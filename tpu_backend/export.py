@@ -116,8 +116,10 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
     quant: None | "weight_only_int8" (alias "int8") | tpu_backend.quant.WeightOnlyInt8: linear and
         embedding weights stored as int8 + per-channel scales (see tpu_backend.quant).
     """
+    from .host import prepare_cpu_host
     from .lowering import lower_signature
 
+    prepare_cpu_host()  # lowering starts jax's backends, libtpu's among them: quiet on a TPU-less host
     platforms = _check_platforms(platforms)
     names = list(signatures) if signatures is not None else list(prog.signatures)
     rewrites = {n: () for n in names}
@@ -147,6 +149,9 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
                    partition_rules=None) -> ExportedBundle:
     """Export already-lowered signatures: ``lowered`` maps signature name -> an object with
     ``fn(weights: list, *inputs) -> list`` and ``weight_names``."""
+    from .host import prepare_cpu_host
+
+    prepare_cpu_host()
     platforms = _check_platforms(platforms)
     mesh_spec = MeshSpec.of(mesh) if mesh is not None else None
     rules = PartitionRules.of(partition_rules) if mesh_spec is not None else None

@@ -39,7 +39,9 @@ def load(path, *, verify: bool = True, use_compiled: bool = False, isolate: bool
     (for artifacts from untrusted sources) parses each export in a child process first, so a
     module that crashes or hangs jaxlib's parser is an ``ArtifactCorruptError`` here."""
     from .artifact.load import read_artifact
+    from .host import prepare_cpu_host
 
+    prepare_cpu_host()  # the first jax use of a process that only loads: libtpu starts quiet
     art = read_artifact(path, verify=verify, load_executables=use_compiled, isolate=isolate,
                         isolate_timeout=isolate_timeout)
     return TpuProgram(
