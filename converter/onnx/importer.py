@@ -128,7 +128,8 @@ def _signature(graph_inputs, sample_args, dim_sizes, where):
                 if p not in dims:
                     lo, hi = dim_sizes.get(p, (1, None)) if isinstance(dim_sizes.get(p), tuple) else (1, None)
                     dims[p] = torch.export.Dim(_ident(p, set()), min=max(lo, 1), **({"max": hi} if hi else {}))
-                    sizes[p] = max(lo, 2) + len(sizes)  # distinct sizes: torch would take equal ones as one dim
+                    # distinct sizes (torch would take equal ones for one dim), not 0 or 1 (torch specializes them)
+                    sizes[p] = min(max(lo, 2) + len(sizes), hi) if hi else max(lo, 2) + len(sizes)
                 spec[i] = dims[p]
                 shape.append(sizes[p])
             elif sample_args is not None:
@@ -138,8 +139,8 @@ def _signature(graph_inputs, sample_args, dim_sizes, where):
                                       "sample inputs, or set the dim in the file (onnx.tools.update_model_dims)")
         if sample_args is not None:
             x = torch.as_tensor(sample_args[k])
-            if x.dim() != len(shape) or any(s is not None and s != v for s, v in zip(shape, x.shape) if s is not None
-                                            and not spec):
+            if x.dim() != len(shape) or any(s is not None and i not in spec and s != v
+                                            for i, (s, v) in enumerate(zip(shape, x.shape))):
                 raise OnnxImportError(f"{where}: sample input {vi.name!r} has shape {list(x.shape)}; the graph "
                                       f"declares {[d.dim_value or d.dim_param or '?' for d in tt.shape.dim]}")
             samples.append(x.to(dtype))

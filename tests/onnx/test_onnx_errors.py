@@ -177,3 +177,18 @@ def test_resize_variant_torch_cannot_express_is_refused_naming_the_attribute():
     with pytest.raises(OnnxImportError) as e:
         imp.module(*imp.sample_args)
     assert "node 'up' (Resize)" in _one_line(e) and "coordinate_transformation_mode='asymmetric'" in str(e.value)
+
+
+def test_dim_ranges_and_sample_inputs():
+    import converter
+
+    imp = import_onnx(_mlp(), dim_sizes={"batch": (1, 8)})
+    prog = converter.prepare(imp.module, imp.sample_args, dynamic_shapes=imp.dynamic_shapes)
+    sig = prog.signature()
+    assert sig.inputs[0].shape == ("batch", 4) and sig.dim_ranges["batch"] == (1, 8)
+    assert sorted(prog.weights) == ["fc.bias", "fc.weight"]  # initializer names kept
+    x = torch.randn(5, 4)
+    imp = import_onnx(_mlp(), (x,))  # traced with the caller's sample; batch stays dynamic
+    assert imp.sample_args[0] is not None and imp.dynamic_shapes is not None
+    with pytest.raises(OnnxImportError, match="sample input 'x' has shape \\[5, 3\\]"):
+        import_onnx(_mlp(), (torch.randn(5, 3),))
