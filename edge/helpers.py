@@ -41,7 +41,7 @@ def operand(lw, v: Val, rank: int, perm) -> int:
     if v.rank < rank:
         if L.is_identity(perm):
             return lw.tensor(v, L.identity(v.rank))  # numpy-style right-aligned broadcasting
-        full = [1] * (rank - v.rank) + list(v.shape)
+        full = [1] * (rank - v.rank) + lw.dims(v)
         v = lw.const(v.const.reshape(full)) if v.is_const else lw.reshape(v, full)
     return lw.tensor(v, perm)
 
@@ -98,7 +98,7 @@ def broadcast_plain(lw, v: Val, shape, suffix=None) -> Val:
     if tuple(v.shape) == shape:
         return v
     if v.rank < len(shape):
-        v = lw.reshape(v, [1] * (len(shape) - v.rank) + list(v.shape))
+        v = lw.reshape(v, [1] * (len(shape) - v.rank) + lw.dims(v))
     return lw.op("BROADCAST_TO", [lw.tensor(v), lw.const_tensor(list(shape), np.int32)], shape, v.dtype,
                  suffix=suffix)
 

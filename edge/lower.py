@@ -74,6 +74,24 @@ class Lowerer(LoweringContextBase):
     def dims(self, v: Val) -> list:
         return [self.dim(v, d) for d in range(v.rank)]
 
+    def learn_symbol(self, expr, v: Val, d: int) -> None:
+        """Input dim ``d`` of v has size ``expr``: a symbol (Dim("seq")) is that dim; a derived dim a*s + b
+        (2 * Dim("half"), 16 * Dim("hq")) gives s = (dim - b) // a."""
+        if expr is None or expr.is_number:
+            return
+        if expr.is_Symbol:
+            self.symbols.setdefault(expr, SymVal(None, ("dim", v, d)))
+            return
+        free = list(expr.free_symbols)
+        if len(free) != 1 or free[0] in self.symbols:
+            return
+        s = free[0]
+        a, b = expr.diff(s), expr.subs(s, 0)
+        if not (a.is_Integer and b.is_Integer and int(a) > 0 and (expr - a * s - b).expand() == 0):
+            return
+        n = sym_binary(operator.sub, SymVal(None, ("dim", v, d)), int(b))
+        self.symbols[s] = sym_binary(operator.floordiv, n, int(a)) if int(a) != 1 else n
+
     def sym(self, d):
         """A torch size (int or SymInt) as an int, or a SymVal computed from the inputs' dims."""
         if isinstance(d, int) or _static(d):
@@ -272,6 +290,9 @@ class Lowerer(LoweringContextBase):
 
     def sym_tensor(self, s) -> int:
         """An int32 [1] tensor holding symbolic int ``s`` at run time."""
+        if s is None:
+            raise NotImplementedError("edge: a shape with several dynamic dims whose run-time sizes this lowering "
+                                      "does not compute (pass SymVals: Lowerer.dims / out_dims)")
         if isinstance(s, int):
             return self.const_tensor([s], np.int32)
         if s.value is not None:
@@ -308,6 +329,8 @@ def sym_binary(op, a, b):
         return b if av == 1 else a
     if op is operator.add and (av == 0 or bv == 0):
         return b if av == 0 else a
+    if (op is operator.sub and bv == 0) or (op is operator.floordiv and bv == 1):
+        return a
     return SymVal(None, (op, a, b))
 
 
@@ -414,9 +437,7 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
             inputs.append((spec.name, t))
             env[n] = Val(shape, dtype, perm, tensor=t)
             for d, size in enumerate(n.meta["val"].shape):
-                expr = getattr(getattr(size, "node", None), "expr", None)
-                if expr is not None and expr.is_Symbol and expr not in lw.symbols:
-                    lw.symbols[expr] = SymVal(None, ("dim", env[n], d))
+                lw.learn_symbol(getattr(getattr(size, "node", None), "expr", None), env[n], d)
         elif n.op == "call_function":
             args = torch.fx.node.map_arg(bind_args(n), lambda a: env[a])
             if n.target is operator.getitem:

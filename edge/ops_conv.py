@@ -76,14 +76,15 @@ def _conv_support(n):
 def convolution(lw, x, w, b, stride, padding, dilation, transposed, output_padding, groups):
     if x.rank == 3:  # conv1d as a conv2d over a height of 1
         out = lw.out_shape
-        x4 = lw.reshape(x, [x.shape[0], x.shape[1], 1, x.shape[2]])
+        xd = lw.dims(x)
+        x4 = lw.reshape(x, [xd[0], xd[1], 1, xd[2]])
         w4 = lw.reshape(w, [w.shape[0], w.shape[1], 1, w.shape[2]])
         out4 = (out[0], out[1], 1, out[2])
         if transposed:
             y = _conv_transpose2d(lw, x4, w4, b, [1, stride[0]], [0, padding[0]], groups, out4)
         else:
             y = _conv2d(lw, x4, w4, b, [1, stride[0]], [0, padding[0]], [1, dilation[0]], groups, out4)
-        return lw.reshape(y, out)
+        return lw.reshape(y, out if None not in out else lw.out_dims)
     if transposed:
         return _conv_transpose2d(lw, x, w, b, stride, padding, groups, lw.out_shape)
     return _conv2d(lw, x, w, b, stride, padding, dilation, groups, lw.out_shape)

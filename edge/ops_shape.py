@@ -62,7 +62,7 @@ def expand(lw, x, size, implicit=False):
     rank = len(shape)
     perm = ref_perm([x], rank)
     if x.rank < rank and L.is_identity(perm):  # BROADCAST_TO wants the full rank
-        x = lw.reshape(x, [1] * (rank - x.rank) + list(x.shape))
+        x = lw.reshape(x, [1] * (rank - x.rank) + lw.dims(x))
     t = operand(lw, x, rank, perm)
     off = rank - x.rank
     dims = []
@@ -143,7 +143,7 @@ def repeat(lw, x, repeats):
     rank = len(shape)
     perm = ref_perm([x], rank)
     t = operand(lw, x, rank, perm) if x.rank == rank or not L.is_identity(perm) else \
-        lw.tensor(lw.reshape(x, [1] * (rank - x.rank) + list(x.shape)))
+        lw.tensor(lw.reshape(x, [1] * (rank - x.rank) + lw.dims(x)))
     mult = [repeats[p] for p in perm]
     return lw.op("TILE", [t, lw.const_tensor(mult, np.int32)], shape, x.dtype, perm)
 

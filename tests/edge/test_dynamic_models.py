@@ -1,0 +1,260 @@
+"""Models whose sequence length, audio length or image size varies at run time, on the edge.
+
+Each model (tiny, seeded config) is converted once with its dims dynamic, then run by one
+``litert_torch.Model`` at three or more sizes, the range's ends among them, and compared with torch
+eager (rel err <= 1e-4). The .tflite marks every dynamic dim -1 in its shape_signature, and a size
+outside the exported range is refused before the interpreter runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.numerics import rel_err
+
+Dim = torch.export.Dim
+RTOL = 1e-4
+
+
+def _convert(module, kwargs, dyn, **kw):
+    import litert_torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return litert_torch.convert(module.eval(), (), kwargs, dynamic_shapes=dyn, **kw)
+
+
+def _first(out):
+    if isinstance(out, dict):
+        return next(iter(out.values()))
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return getattr(out, "last_hidden_state", None) if hasattr(out, "last_hidden_state") else out
+
+
+def _check(module, make, sizes, dyn, *, ref=None, model=None):
+    """Convert at sizes[0]'s inputs (``make(*size)`` -> kwargs) and compare at every size."""
+    model = model or _convert(module, make(*sizes[0]), dyn)
+    ref = ref or (lambda **kw: _first(module(**kw)))
+    for size in sizes:
+        kw = make(*size)
+        with torch.no_grad():
+            want = ref(**kw)
+        got = _first(model(**kw))
+        assert tuple(got.shape) == tuple(want.shape), (size, got.shape, want.shape)
+        err = rel_err(np.asarray(got, np.float64), want.double().numpy())
+        assert err <= RTOL, f"{type(module).__name__} at {size}: rel err {err:.3g}"
+    return model
+
+
+def _ids(vocab, pad_tail=True):
+    def make(b, s):
+        g = torch.Generator().manual_seed(b * 1000 + s)
+        ids = torch.randint(0, vocab, (b, s), generator=g)
+        mask = torch.ones(b, s, dtype=torch.long)
+        if pad_tail and b > 1:
+            mask[1:, s - s // 3:] = 0  # later rows padded at the end
+        return {"input_ids": ids, "attention_mask": mask}
+    return make
+
+
+def _text_dims(min_s=2, max_s=64):
+    b, s = Dim("batch", min=1, max=4), Dim("seq", min=min_s, max=max_s)
+    return {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: s}}
+
+
+SEQ_SIZES = [(2, 9), (1, 2), (4, 64), (3, 17)]  # the sample first, then the range's ends and a middle size
+
+
+def _tiny(cls_cfg, **kw):
+    torch.manual_seed(0)
+    cfg_cls, model_cls = cls_cfg
+    cfg = cfg_cls(**kw)
+    cfg._attn_implementation = "sdpa"
+    return model_cls(cfg).eval()
+
+
+def test_bert_dynamic_batch_and_seq():
+    from transformers import BertConfig, BertModel
+
+    m = _tiny((BertConfig, BertModel), vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=64, max_position_embeddings=64)
+    model = _check(m, _ids(100), SEQ_SIZES, _text_dims())
+    import ai_edge_litert.interpreter as tfl
+
+    it = tfl.Interpreter(model_content=model.tflite_model())
+    assert [list(d["shape_signature"]) for d in it.get_input_details()] == [[-1, -1], [-1, -1]]
+    # outside the exported range: one line naming the input and the range, before the interpreter runs
+    with pytest.raises(ValueError, match="input_ids"):
+        model(**_ids(100)(2, 65))
+
+
+def test_distilbert_dynamic_batch_and_seq():
+    from transformers import DistilBertConfig, DistilBertModel
+
+    m = _tiny((DistilBertConfig, DistilBertModel), vocab_size=100, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+              max_position_embeddings=64)
+    _check(m, _ids(100), SEQ_SIZES, _text_dims())
+
+
+def test_gpt2_dynamic_batch_and_seq():
+    from transformers import GPT2Config, GPT2Model
+
+    m = _tiny((GPT2Config, GPT2Model), vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64, use_cache=False)
+    _check(m, _ids(100, pad_tail=False), SEQ_SIZES, _text_dims())
+
+
+def test_llama_dynamic_batch_and_seq():
+    from transformers import LlamaConfig, LlamaModel
+
+    m = _tiny((LlamaConfig, LlamaModel), vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64, use_cache=False)
+    _check(m, _ids(100, pad_tail=False), SEQ_SIZES, _text_dims())
+
+
+def test_t5_encoder_dynamic_batch_and_seq():
+    from transformers import T5Config, T5EncoderModel
+
+    m = _tiny((T5Config, T5EncoderModel), vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+              relative_attention_num_buckets=8, relative_attention_max_distance=16)
+    _check(m, _ids(100), SEQ_SIZES, _text_dims())
+
+
+class WhisperFrames(nn.Module):
+    """transformers' WhisperEncoder refuses any length but 2 * max_source_positions frames (it adds every
+    position embedding): its layers over the frames given, with the positions sliced to their count, as
+    shorter-than-30 s Whisper inference runs it."""
+
+    def __init__(self, enc):
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, input_features):
+        e = self.enc
+        x = F.gelu(e.conv2(F.gelu(e.conv1(input_features)))).permute(0, 2, 1)
+        x = x + e.embed_positions.weight[: x.shape[1]]
+        for layer in e.layers:
+            x = layer(x, None)
+        return e.layer_norm(x)
+
+
+def test_whisper_encoder_dynamic_frames():
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    enc = _tiny((WhisperConfig, WhisperEncoder), num_mel_bins=8, d_model=32, encoder_layers=2,
+                encoder_attention_heads=4, encoder_ffn_dim=64, max_source_positions=64)
+    m = WhisperFrames(enc).eval()
+
+    def make(b, frames):
+        g = torch.Generator().manual_seed(b * 1000 + frames)
+        return {"input_features": torch.randn(b, 8, frames, generator=g)}
+
+    # conv2 has stride 2: frames are a multiple of 2, at most 2 * max_source_positions
+    half = Dim("half", min=2, max=64)
+    dyn = {"input_features": {0: Dim("batch", min=1, max=4), 2: 2 * half}}
+    with torch.no_grad():  # at the full length it is transformers' own encoder
+        full = make(1, 128)
+        assert torch.equal(m(**full), enc(**full).last_hidden_state)
+    _check(m, make, [(2, 40), (1, 4), (4, 128), (3, 58)], dyn)
+
+
+def test_wav2vec2_dynamic_samples():
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    m = _tiny((Wav2Vec2Config, Wav2Vec2Model), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+              intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3),
+              num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=4, do_stable_layer_norm=True,
+              feat_extract_norm="layer", apply_spec_augment=False)
+
+    def make(b, n):
+        g = torch.Generator().manual_seed(b * 1000 + n)
+        return {"input_values": torch.randn(b, n, generator=g)}
+
+    dyn = {"input_values": {0: Dim("batch", min=1, max=4), 1: Dim("samples", min=400, max=4000)}}
+    _check(m, make, [(2, 1600), (1, 400), (4, 4000), (3, 2345)], dyn)
+
+
+# ------------------------------------------------------------------ images: height and width
+
+
+class TinyUNet(nn.Module):
+    """Two down, two up, skip connections: the output has the input's height and width (multiples of 4)."""
+
+    def __init__(self):
+        super().__init__()
+        c = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU())  # noqa: E731
+        self.d1, self.d2, self.mid = c(3, 8), c(8, 16), c(16, 16)
+        self.up2 = nn.ConvTranspose2d(16, 16, 2, stride=2)
+        self.u2 = c(32, 8)
+        self.u1 = c(16, 8)
+        self.head = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x):
+        a = self.d1(x)
+        b = self.d2(F.max_pool2d(a, 2))
+        m = self.mid(F.max_pool2d(b, 2))
+        y = self.u2(torch.cat([F.interpolate(m, size=b.shape[-2:], mode="bilinear", align_corners=False), b], 1))
+        y = self.u1(torch.cat([F.interpolate(y, scale_factor=2, mode="nearest"), a], 1))
+        return self.head(y)
+
+
+def _image_sizes(name):
+    # (batch, height, width): the sample first, then the range's ends and one mixed size
+    # (torch.export specializes a sample size of 1: the sample has batch 2)
+    return [(2, 64, 64), (1, 32, 32), (2, 128, 96), (1, 48, 80)] if name != "unet" else \
+        [(2, 32, 32), (1, 16, 16), (2, 128, 96), (1, 48, 80)]
+
+
+@pytest.mark.parametrize("name", ["deeplabv3", "lraspp", "unet"])
+def test_fully_convolutional_dynamic_height_width(name):
+    from tests.zoo import build
+
+    if name == "unet":
+        torch.manual_seed(0)
+        m = TinyUNet().eval()
+    else:
+        m, _ = build(name)
+
+    def make(b, h, w):
+        return {"x": torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(h * w + b))}
+
+    q = 4 if name == "unet" else 16  # the models' total stride: sizes are multiples of it
+    hq, wq = Dim("hq", min=32 // q if name != "unet" else 4, max=128 // q), Dim("wq", min=32 // q if name != "unet"
+                                                                              else 4, max=128 // q)
+    dyn = {"x": {0: Dim("batch", min=1, max=2), 2: q * hq, 3: q * wq}}
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(x)
+
+    _check(Wrap().eval(), make, _image_sizes(name), dyn)
+
+
+def test_vit_dynamic_batch():
+    from tests.zoo import build
+
+    m, (x,) = build("vit")
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(x)
+
+    def make(b):
+        return {"x": torch.randn(b, *x.shape[1:], generator=torch.Generator().manual_seed(b))}
+
+    _check(Wrap().eval(), make, [(2,), (1,), (16,), (5,)], {"x": {0: Dim("batch", min=1, max=16)}})
