@@ -14,8 +14,10 @@ Modes (ours unless named):
   delete   stream + delete_in_memory_params=True (parameters freed as they are written)
   loader   the module built on the meta device, weights_loader=safetensors_loader(model dir):
            weights read one tensor at a time, never all in memory (the "model directory" path)
+  loader_int8  loader + quant_config="dynamic_int8": FULLY_CONNECTED weights int8 as they are written
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
+Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8).
 Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
 Runs one conversion at a time; check `free -g` first (the 1.1B peer run needs ~3x its 4.4 GB).
 """
@@ -41,6 +43,9 @@ CONFIGS = {
     # ~1.1 B: TinyLlama's shape
     "llama1.1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                       num_attention_heads=32, num_key_value_heads=4),
+    # ~3.0 B in bfloat16 (Llama 3.2 3B's widths, a 32000 vocabulary): converted from its directory to int8
+    "llama3b": dict(vocab_size=32000, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                    num_attention_heads=24, num_key_value_heads=8, dtype="bfloat16"),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
 }
@@ -49,8 +54,9 @@ CONFIGS = {
 def _config(name):
     import transformers
 
-    return transformers.LlamaConfig(**CONFIGS[name], tie_word_embeddings=False, max_position_embeddings=256,
-                                    torch_dtype="float32")
+    kw = dict(CONFIGS[name])
+    dtype = kw.pop("dtype", "float32")
+    return transformers.LlamaConfig(**kw, tie_word_embeddings=False, max_position_embeddings=256, torch_dtype=dtype)
 
 
 def ensure_model(name: str, work: str) -> str:
@@ -61,7 +67,13 @@ def ensure_model(name: str, work: str) -> str:
     import transformers
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(_config(name)).eval()
+    cfg = _config(name)
+    dtype = getattr(torch, CONFIGS[name].get("dtype", "float32"))
+    torch.set_default_dtype(dtype)  # built in its dtype: a 3 B model is never materialized in float32 here
+    try:
+        model = transformers.LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 
@@ -86,7 +98,8 @@ def worker(mode: str, folder: str, out: str) -> None:
     ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
     wrap = _wrapper(torch)
     kwargs = {}
-    if mode == "loader":
+    if mode in ("loader", "loader_int8"):
+        # built in float32 on the meta device: the loader casts each (bf16) tensor as it reads it
         cfg = transformers.AutoConfig.from_pretrained(folder)
         with torch.device("meta"):
             hf = transformers.LlamaForCausalLM(cfg).eval()
@@ -95,6 +108,8 @@ def worker(mode: str, folder: str, out: str) -> None:
         from converter.lazy_weights import safetensors_loader
 
         kwargs["weights_loader"] = safetensors_loader(folder)
+        if mode == "loader_int8":
+            kwargs["quant_config"] = "dynamic_int8"  # quantized while streaming (FULLY_CONNECTED weights)
     else:
         hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     module = wrap(hf).eval()

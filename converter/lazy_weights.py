@@ -93,10 +93,19 @@ def drop_pages(array) -> bool:
     """If ``array`` views a spool, give its pages back to the kernel (they are re-read from the
     file if used again) and return True. Anything else is left alone (False): a no-op without a
     conversion's spool."""
-    if not _SPOOLS or not isinstance(array, np.ndarray) or not array.nbytes:
+    addr, n = _address(array)
+    if not _SPOOLS or not n:
         return False
-    addr = array.__array_interface__["data"][0]
-    return any(sp.drop(addr, array.nbytes) for sp in list(_SPOOLS))
+    return any(sp.drop(addr, n) for sp in list(_SPOOLS))
+
+
+def _address(array) -> tuple[int, int]:
+    """(address, bytes) of an ndarray or a memoryview of one; (0, 0) for anything else."""
+    if isinstance(array, memoryview):
+        array = np.frombuffer(array, np.uint8) if array.nbytes else None
+    if not isinstance(array, np.ndarray) or not array.nbytes:
+        return 0, 0
+    return array.__array_interface__["data"][0], array.nbytes
 
 
 def drop_all_pages() -> None:
@@ -244,9 +253,9 @@ class StorageReleaser:
                 self._free(k)
 
     def _find(self, array):
-        if not isinstance(array, np.ndarray) or not array.nbytes:
+        addr, n = _address(array)
+        if not n:
             return None
-        addr = array.__array_interface__["data"][0]
         k = self._bisect.bisect_right(self._starts, addr) - 1
         return k if k >= 0 and addr < self._ends[k] else None
 

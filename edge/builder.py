@@ -106,12 +106,35 @@ def _emit(f, data) -> None:
         f.write(data)
 
 
-def _raw(array) -> np.ndarray:
-    """The bytes of ``array`` in C order as a flat uint8 array, without a copy when it is
-    contiguous (a torch parameter's numpy view stays a view)."""
+_SAMPLE_FROM = 1 << 20
+_SAMPLE_PAGES = 16
+
+
+def _sample_digest(data: np.ndarray) -> bytes:
+    """A digest of the length and 16 4 KiB pieces spread evenly over ``data`` (>= 1 MiB)."""
+    n, piece = len(data), 4096
+    h = hashlib.blake2b(digest_size=20)
+    for i in range(_SAMPLE_PAGES):
+        at = (n - piece) * i // (_SAMPLE_PAGES - 1)
+        h.update(data[at:at + piece])
+    return h.digest() + str(n).encode()
+
+
+def _digest_of(data) -> bytes:
+    """The whole-content digest of an array or of spilled bytes."""
+    h = hashlib.blake2b(digest_size=20)
+    for c in (data.chunks() if isinstance(data, _Spilled) else (data,)):
+        h.update(c)
+    return h.digest() + str(len(data)).encode()
+
+
+def _raw(array):
+    """The bytes of ``array`` in C order: ``bytes`` when small (a copy, as before), else a
+    memoryview of it without a copy when it is contiguous (a torch parameter's numpy view stays a
+    view). Both read like bytes (len, truth, buffer protocol) for lowerings that look at a buffer."""
     a = np.ascontiguousarray(array)
     raw = a.reshape(-1).view(np.uint8)
-    return raw.copy() if raw.nbytes < _COPY_BELOW else raw
+    return raw.tobytes() if raw.nbytes < _COPY_BELOW else memoryview(raw)
 
 
 class _AlignedBuffer:
@@ -119,7 +142,7 @@ class _AlignedBuffer:
     large-model form (``external``) it packs offset/size placeholders instead of the data."""
 
     def __init__(self, data):
-        self.data = data  # None, bytes or a flat uint8 array
+        self.data = data  # None, bytes, a memoryview of an array, or _Spilled
         self.external = False
 
     @property
@@ -177,6 +200,8 @@ class ModelBuilder:
     def __init__(self):
         self.buffers: list[_AlignedBuffer] = [_AlignedBuffer(None)]  # buffer 0: the empty sentinel
         self._buffer_by_digest: dict[bytes, int] = {}
+        self._buffer_by_sample: dict[bytes, list[int]] = {}  # large buffers: sample digest -> indices
+        self._whole: dict[int, bytes] = {}  # large buffers hashed whole (on a sample match)
         self._opcodes: dict[int, int] = {}  # builtin code -> index in operator_codes
         self._opcode_versions: list[list[int]] = []  # [code, version]
         self.subgraphs: list[SubgraphBuilder] = []
@@ -184,17 +209,48 @@ class ModelBuilder:
         self.metadata: dict[str, bytes] = {}
 
     def buffer(self, array: np.ndarray) -> int:
+        """The index of a buffer holding ``array``'s bytes; an identical earlier buffer is reused.
+
+        Arrays under 1 MiB are keyed by a digest of their bytes. A larger one is first keyed by a
+        digest of 16 pages spread over it: distinct weights differ there, so they are never hashed
+        whole (hashing a 2 GB model costs seconds and, for weights mapped from disk, pages them
+        all in); only when the samples match an earlier buffer are both hashed whole, so the
+        buffers shared are exactly those a whole-content digest would share."""
         from converter.lazy_weights import drop_pages
 
         data = _raw(array)
-        digest = hashlib.blake2b(data, digest_size=20).digest() + str(len(data)).encode()
-        on_disk = drop_pages(data)  # a weight mapped from disk: hashing paged it in; give the pages back
-        idx = self._buffer_by_digest.get(digest)
-        if idx is None:
-            idx = len(self.buffers)
-            self.buffers.append(_AlignedBuffer(data if on_disk else self._spilled(data)))
-            self._buffer_by_digest[digest] = idx
+        weights = np.ndim(array) >= 2  # spilled when large; a bias (1-D) stays readable in memory
+        if len(data) < _SAMPLE_FROM:
+            digest = hashlib.blake2b(data, digest_size=20).digest() + str(len(data)).encode()
+            idx = self._buffer_by_digest.get(digest)
+            if idx is None:
+                idx = self._add(data, weights)
+                self._buffer_by_digest[digest] = idx
+            return idx
+        key = _sample_digest(data)
+        earlier = self._buffer_by_sample.setdefault(key, [])
+        if earlier:
+            whole = _digest_of(data)
+            for idx in earlier:
+                if self._whole_digest(idx) == whole:
+                    drop_pages(data)
+                    return idx
+            self._whole[len(self.buffers)] = whole
+        idx = self._add(data, weights)
+        earlier.append(idx)
         return idx
+
+    def _add(self, data, spillable: bool) -> int:
+        from converter.lazy_weights import drop_pages
+
+        on_disk = drop_pages(data)  # a weight mapped from disk: reading it paged it in; give the pages back
+        self.buffers.append(_AlignedBuffer(data if on_disk or not spillable else self._spilled(data)))
+        return len(self.buffers) - 1
+
+    def _whole_digest(self, idx: int) -> bytes:
+        if idx not in self._whole:
+            self._whole[idx] = _digest_of(self.buffers[idx].data)
+        return self._whole[idx]
 
     def spill_to(self, folder: str | None) -> None:
         """Keep large arrays the lowering computes (a norm's scale folded into a weight, a transposed
@@ -210,12 +266,12 @@ class ModelBuilder:
 
     def _spilled(self, data):
         spill = getattr(self, "_spill", None)
-        if spill is None or data.nbytes < _SPILL_FROM:
+        if spill is None or len(data) < _SPILL_FROM:
             return data
         from converter.lazy_weights import drop_all_pages
 
         spill.write(memoryview(data))
-        at, self._spill_size = self._spill_size, self._spill_size + data.nbytes
+        at, self._spill_size = self._spill_size, self._spill_size + len(data)
         drop_all_pages()  # the weights the copy was computed from were paged in from their spool
         return _Spilled(spill, at, data.nbytes)
 

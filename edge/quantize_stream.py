@@ -63,7 +63,7 @@ def _float_rows(data, rows: int, cols: int):
             raw = os.pread(data.file.fileno(), n * cols * 4, data.offset + r * cols * 4)
             yield np.frombuffer(raw, np.float32).reshape(n, cols)
     else:
-        w = np.asarray(data).view(np.float32).reshape(rows, cols)
+        w = np.frombuffer(data, np.float32).reshape(rows, cols)
         for r in range(0, rows, step):
             yield w[r:r + step]
 
@@ -90,7 +90,7 @@ def quantize_weights(model: ModelBuilder, scheme: str = "dynamic_int8", progress
             scales[r:r + n] = sc
             q[r:r + n] = np.clip(np.round(block / sc[:, None]), -127, 127)
             r += n
-        b.data = model._spilled(q.reshape(-1).view(np.uint8))
+        b.data = model._spilled(memoryview(q.reshape(-1).view(np.uint8)))
         del q
         drop_all_pages()
         for sg, t in uses:

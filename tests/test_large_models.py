@@ -92,6 +92,21 @@ def test_folded_weights_spilled_to_disk_write_the_same_bytes(tmp_path):
     assert rel_err(got(x), want) < 1e-5
 
 
+def test_equal_large_weights_are_stored_once():
+    """Large buffers are compared by sampled pages first, then whole: two 1 MiB weights with the same
+    values (separate tensors) are stored once, two of the same size that differ in one value twice."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=False) for _ in range(4)]).eval()
+    with torch.no_grad():
+        m[2].weight.copy_(m[0].weight)
+        m[3].weight.copy_(m[1].weight)
+        m[3].weight[300, 7] += 1.0  # off the sampled pages: only the whole digest tells them apart
+    x = torch.randn(2, 512)
+    model = litert_torch.convert(m, (x,))
+    assert 3 * 2**20 < len(model.tflite_model()) < 3 * 2**20 + 65536
+    assert rel_err(model(x), m(x)) < 1e-5
+
+
 def test_weights_loader_errors_name_the_parameter():
     m, ids = _tied()
     with torch.device("meta"):
