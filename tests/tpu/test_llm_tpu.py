@@ -197,6 +197,9 @@ def test_report_keeps_unknown_figures_unknown(llama):
     assert rep["prefill_16"]["mfu_at_xla_estimate"]["unknown"].endswith("optimal_seconds = -3.0 (not known for this "
                                                                        "program)")
     assert rep["prefill_16"]["mfu_at_roofline"]["value"] is None
+    # the report's own form of an unknown figure (null with the reason) keeps its reason
+    cost["bytes_accessed"] = {"per_device": None, "per_chip": None, "unknown": "XLA gave -2.0"}
+    assert lm_report(bundle, report, CHIPS["tpu-v6e"])["decode"]["xla"]["bytes_per_token"]["unknown"] == "XLA gave -2.0"
     assert lm_report(bundle, {"signatures": {}}, None) is None
 
 

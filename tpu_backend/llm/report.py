@@ -38,6 +38,13 @@ def _nbytes(shape, dtype_name) -> int:
     return math.prod(int(d) for d in shape) * name_to_numpy(dtype_name).itemsize
 
 
+def _cost(d: dict, what: str):
+    """A per-chip figure of the report's cost section (its per-device one without chips), or unknown with the
+    reason the report gives."""
+    v = d.get("per_chip", d.get("per_device", d.get("value")))
+    return unknown(d["unknown"]) if v is None and d.get("unknown") else _known(v, what)
+
+
 def _known(v, what: str):
     if v is None:
         return unknown(f"XLA's cost analysis has no {what}")
@@ -102,7 +109,7 @@ def _decode(bundle, sig, entry, fig, chips, bw) -> dict:
         "tokens_per_s_per_chip_at_lower_bound": batch * bw / lower if bw else _no_bw(),
     }
     xla = entry["cost"]["bytes_accessed"]
-    res["xla"] = _per_step(_known(xla.get("per_chip", xla["per_device"]), "bytes accessed"), batch, lower, bw)
+    res["xla"] = _per_step(_cost(xla, "bytes accessed"), batch, lower, bw)
     res["xla"]["what"] = ("XLA's cost analysis (bytes accessed): counts each HBM->VMEM prefetch hop of a weight "
                           "(copy/slice start and done, the reading fusion) as its own access")
     hbm = fig.get("hbm_traffic_bytes")
@@ -127,12 +134,11 @@ def _per_step(got, batch, lower, bw) -> dict:
 
 def _prefill(sig, entry, fig, model_flops, chips, peak, bw) -> dict:
     tokens = int(sig.inputs[0].shape[0]) * int(sig.inputs[0].shape[1]) if len(sig.inputs[0].shape) == 2 else None
-    flops = _known(entry["cost"]["flops"].get("per_chip", entry["cost"]["flops"]["per_device"]), "flops")
-    xla_bytes = _known(entry["cost"]["bytes_accessed"].get("per_chip", entry["cost"]["bytes_accessed"]["per_device"]),
-                       "bytes accessed")
+    flops = _cost(entry["cost"]["flops"], "flops")
+    xla_bytes = _cost(entry["cost"]["bytes_accessed"], "bytes accessed")
     hbm = fig.get("hbm_traffic_bytes")
     nbytes = hbm / chips if hbm else xla_bytes  # the HBM-traffic count when there is one (see _decode)
-    opt = _known(entry["cost"]["optimal_seconds"]["value"], "optimal_seconds")
+    opt = _cost(entry["cost"]["optimal_seconds"], "optimal_seconds")
     model = model_flops / chips if model_flops else unknown("the model FLOPs were not recorded (export_lm does)")
     res = {"tokens": tokens, "model_flops": model, "xla_flops": flops, "xla_bytes_accessed": xla_bytes,
            "hbm_traffic_bytes": hbm / chips if hbm else unknown("no TPU executable to count HBM traffic from"),
