@@ -4,11 +4,14 @@ layers reading it when they fold it), and the native three-output norms.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
 
 from . import layout as L
 from .helpers import binary, plain, reduce, static_out
+from .lower import sym_binary
 from .ops_elementwise import readers_fold_affine
 from .registry import lowering, supported_if
 from .values import Val
@@ -77,18 +80,20 @@ def rms_norm(lw, x, normalized_shape, weight=None, eps=None):
 # group_norm(Tensor input, int num_groups, Tensor? weight=None, Tensor? bias=None, float eps=1e-05,
 #            bool cudnn_enabled=True) -> Tensor: normalized over (channels of a group, spatial)
 @lowering(aten.group_norm.default)
-@supported_if(lambda n: all(isinstance(d, int) for d in n.args[0].meta["val"].shape[1:]))
+@supported_if(lambda n: isinstance(n.args[0].meta["val"].shape[1], int))
 def group_norm(lw, x, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
-    n, c = x.shape[0], x.shape[1]
-    spatial = int(np.prod(x.shape[2:])) if x.rank > 2 else 1
+    c = x.shape[1]
+    xd = lw.dims(x)  # run-time sizes where dynamic (batch, length, height, width)
+    spatial = 1
+    for d in xd[2:]:
+        spatial = sym_binary(operator.mul, spatial, d)
     xc = lw.with_perm(x, L.channel_last(x.rank))  # [N, *S, C] physically
-    g = Val((n, spatial, num_groups, c // num_groups), x.dtype, L.identity(4), tensor=lw.tensor(xc))
-    g = lw.op("RESHAPE", [g.tensor, lw.const_tensor([-1 if n is None else n, spatial, num_groups, c // num_groups],
-                                                      np.int32)], g.shape, x.dtype, suffix="groups")
+    gdims = [xd[0], spatial, num_groups, c // num_groups]
+    gshape = tuple(d if isinstance(d, int) else None for d in gdims)
+    g = lw.op("RESHAPE", [lw.tensor(xc), lw.shape_tensor(gdims)], gshape, x.dtype, suffix="groups")
     y = _normalize(lw, g, [1, 3], eps, center=True)
     phys = xc.phys_shape()
-    t = lw.op("RESHAPE", [lw.tensor(y), lw.const_tensor([-1 if d is None else d for d in phys], np.int32)],
-              phys, x.dtype, suffix="ungroup")
+    t = lw.op("RESHAPE", [lw.tensor(y), lw.shape_tensor([xd[p] for p in xc.perm])], phys, x.dtype, suffix="ungroup")
     y = Val(x.shape, x.dtype, xc.perm, tensor=t.tensor)
     wshape = lambda v: lw.const(v.const.reshape([c] + [1] * (x.rank - 2))) if v is not None and v.is_const else v  # noqa: E731
     return _affine(lw, y, wshape(weight), wshape(bias), x.shape)

@@ -858,6 +858,11 @@ _sym("avg_pool_global", lambda x: F.adaptive_avg_pool2d(x, 1), r(1, 3, 8, 10), d
 _sym("batch_norm_hw", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b), r(2, 3, 8, 10), r(3), pos(3), r(3), r(3),
      weights=(1, 2, 3, 4), dyn={0: {0: "b", 2: "h", 3: "w"}}, sizes=({"b": 1, "h": 5, "w": 9}, {"b": 3, "h": 16,
                                                                                                "w": 16}))
+_sym("group_norm_hw", lambda x, w, b: F.group_norm(x, 2, w, b), r(2, 4, 8, 10), r(4), r(4), weights=(1, 2),
+     dyn={0: {0: "b", 2: "h", 3: "w"}}, sizes=({"b": 1, "h": 5, "w": 9}, {"b": 3, "h": 16, "w": 16}), rtol=2e-5,
+     why="rsqrt of the variance")
+_sym("group_norm_length", lambda x, w, b: F.group_norm(x, 4, w, b), r(2, 4, 50), r(4), r(4), weights=(1, 2),
+     dyn={0: {0: "b", 2: "s"}}, sizes=({"b": 1, "s": 2}, {"b": 3, "s": 400}), rtol=2e-5, why="rsqrt of the variance")
 _sym("interp_bilinear_x2", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
      r(1, 3, 8, 10), dyn={0: {2: "h", 3: "w"}}, sizes=HW)
 _sym("interp_to_input_size", lambda x, y: F.interpolate(y, size=x.shape[-2:], mode="bilinear",
