@@ -77,10 +77,10 @@ def test_device_array_of_the_wrong_shape_is_refused(llama):
 
 
 @pytest.mark.parametrize("b, hq, hkv, s, d, window, dtype", [
-    (1, 4, 2, 256, 64, None, "float32"),    # GQA, one cache block, head dim 64 (the transposed cache read)
-    (2, 8, 2, 384, 128, None, "float32"),   # batch 2 at different positions, 3 blocks of 128, head dim 128
-    (1, 4, 4, 384, 64, 100, "float32"),     # a sliding window: the visible slots start past block 0
-    (1, 8, 2, 256, 64, None, "bfloat16"),
+    (2, 8, 2, 384, 128, None, "float32"),   # GQA, batch 2 at different positions, 3 blocks of 128, head dim 128
+    (1, 4, 4, 384, 64, 100, "float32"),     # head dim 64 (the transposed cache read), a sliding window: the
+                                            # visible slots start past block 0
+    (1, 8, 2, 256, 64, None, "bfloat16"),   # one block; the model-level test below takes a 64-slot cache
 ])
 def test_decode_kernel_matches_xla_in_interpret_mode(b, hq, hkv, s, d, window, dtype):
     import jax.numpy as jnp
