@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .common import axis_of, ints, pad_or_crop
+from .common import NoFold, axis_of, ints, pad_or_crop
 from .registry import TABLE as T
 
 __all__: list[str] = []
@@ -41,8 +41,17 @@ def _slices(ctx, shape, starts, ends, axes, steps):
 def _slice_fold(ctx, x, starts, ends, axes=None, steps=None):
     idx = [slice(None)] * x.ndim
     for a, s, e, st in _slices(ctx, x.shape, starts, ends, axes, steps):
+        if isinstance(s, torch.SymInt) or isinstance(e, torch.SymInt):
+            raise NoFold()  # a slice as long as a dynamic dim (position ids [:seq]): numpy would pin its size
         idx[a] = slice(s, e if e >= 0 else None, st)
     return x[tuple(idx)]
+
+
+def _known(cond) -> bool:
+    """True only when ``cond`` holds for every value of the dynamic dims in it (no guard is added)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return statically_known_true(cond)
 
 
 # ai.onnx::Slice(data, starts, ends, axes?, steps?) -> output
@@ -51,9 +60,12 @@ def slice_(ctx, x, starts, ends, axes=None, steps=None):
     for a, s, e, st in _slices(ctx, list(x.shape), starts, ends, axes, steps):
         n = x.shape[a]
         if st > 0:
-            if s == 0 and e == n and st == 1:
+            if _known(s == 0) and _known(e == n) and st == 1:
                 continue
-            x = x.narrow(a, s, max(e - s, 0)) if st == 1 else x[(slice(None),) * a + (slice(s, e, st),)]
+            if st == 1:
+                x = x.narrow(a, s, e - s if _known(e >= s) else torch.sym_max(e - s, 0))
+            else:
+                x = x[(slice(None),) * a + (slice(s, e, st),)]
         else:
             count = max(0, -(-(s - e) // -st))
             x = x.flip(a)[(slice(None),) * a + (slice(n - 1 - s, None, -st),)].narrow(a, 0, count)

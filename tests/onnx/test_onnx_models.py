@@ -92,8 +92,9 @@ def test_zoo_model_from_onnx(name, kind):
 
 @pytest.mark.parametrize("name", ["resnet18", "swin", "bert"])
 def test_zoo_model_with_dynamic_batch(name, tmp_path):
-    """A TorchScript export with dynamic_axes: the dim_param 'batch' is a dynamic dim of the Program (shape
-    arithmetic on it traced with SymInts), and both outputs run batches 3 and 1 like onnxruntime."""
+    """A TorchScript export with dynamic_axes: the dim_params 'batch' (and for bert 'seq', given a range) are
+    dynamic dims of the Program (shape arithmetic on them traced with SymInts), and both outputs run other
+    batches (and lengths) like onnxruntime."""
     import onnxruntime as ort
 
     import litert_torch
@@ -103,16 +104,20 @@ def test_zoo_model_with_dynamic_batch(name, tmp_path):
 
     m, args = build(name)
     names = [f"in{i}" for i in range(len(args))]
+    axes = {0: "batch", 1: "seq"} if name == "bert" else {0: "batch"}
     path = tmp_path / f"{name}.onnx"
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         torch.onnx.export(m, args, str(path), opset_version=17, dynamo=False, input_names=names,
-                          dynamic_axes={n: {0: "batch"} for n in names})
-    written = tpu_export.convert(path, targets=["cpu-xla", "cpu"], out_dir=tmp_path / "out")
+                          dynamic_axes={n: axes for n in names})
+    # bert's position table has 16 rows: seq takes a range, as torch.export.Dim would
+    written = tpu_export.convert(path, targets=["cpu-xla", "cpu"], out_dir=tmp_path / "out",
+                                 dim_sizes={"seq": (2, 16)} if 1 in axes else None)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     tpu, edge = tpu_backend.load(written["cpu-xla"]), litert_torch.load(written["cpu"])
-    for b in (3, 1):
+    for b, length in ((3, 16), (1, 7)):
         a = batch_like(args, b)
+        a = tuple(x[:, :length] for x in a) if 1 in axes else a
         want = sess.run(None, {n: x.numpy() for n, x in zip(names, a)})
         for got in (tpu(*a), edge(*a)):
             got = list(got.values()) if isinstance(got, dict) else [got]
