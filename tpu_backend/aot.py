@@ -32,6 +32,7 @@ from .artifact.compiled import CompiledSignature, CompiledTarget
 from .artifact.report import build_report, figures_of
 from .artifact.versions import runtime_versions
 from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
+from .compile_cache import cache_folder
 from .export import x64_scope
 from .host import prepare_cpu_host
 from .sharding import named_sharding
@@ -78,13 +79,15 @@ def topology_devices(topo: Topology) -> list:
 
 
 def compile_for(bundle, target: str, topology: str | None = None, *, dim_values: dict | None = None,
-                hbm_bytes: int | None = None, signatures=None) -> CompiledTarget:
+                hbm_bytes: int | None = None, signatures=None, cache_dir=None) -> CompiledTarget:
     """Compile every signature of ``bundle`` for ``target`` (``tpu-v5e``, ``tpu-v6e``, ``tpu-v5p``,
     ``tpu-v7x``) on ``topology`` (e.g. ``"2x2"``; default: one chip), record executables and
     the cost/memory report in the bundle, and return them.
 
     ``dim_values`` fixes dynamic dims for the compile (default: the smallest size in range
     that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
+    ``cache_dir``: a folder of compiled executables to reuse (default: $TPU_EXPORT_AOT_CACHE, else none;
+    False: none); see tpu_backend/compile_cache.py.
     """
     prepare_cpu_host()  # before jax's backends start, if this is the process's first jax use
     topo = parse_topology(target, topology)
@@ -94,11 +97,12 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
     devices = topology_devices(topo)
     return compile_on_devices(bundle, devices, target=topo.chip.target, topology=topo.shape, chip=topo.chip,
                               dim_values=dim_values, hbm_bytes=hbm_bytes, signatures=signatures,
-                              libtpu_topology=topo.libtpu_name)
+                              libtpu_topology=topo.libtpu_name, cache_dir=cache_dir)
 
 
 def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chip: ChipSpec | None = None,
-                       dim_values=None, hbm_bytes=None, signatures=None, libtpu_topology=None) -> CompiledTarget:
+                       dim_values=None, hbm_bytes=None, signatures=None, libtpu_topology=None,
+                       cache_dir=None) -> CompiledTarget:
     """Compile for the given devices: compile-only TPU devices of a topology, or devices jax
     already runs (e.g. the local CPU, or an attached TPU)."""
     n = bundle.mesh.size if bundle.mesh is not None else 1
@@ -115,7 +119,8 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
     for name in names:
         sig = bundle.signatures[name]
         with x64_scope(bundle.enable_x64):
-            cs, figures = _compile_signature(bundle, sig, used, mesh, dim_values, hbm, target, topology)
+            cs, figures = _compile_signature(bundle, sig, used, mesh, dim_values, hbm, target, topology,
+                                             (cache_folder(cache_dir), libtpu_topology))
         compiled[name], per_sig[name] = cs, figures
     report = build_report(target, topology, libtpu_topology, chip, used, bundle.mesh, per_sig, hbm)
     from .llm.report import lm_report
@@ -141,8 +146,10 @@ def _concrete_dims(sig, bundle, dim_values) -> dict:
     return dims
 
 
-def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topology):
+def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topology, cache=(None, None)):
     import jax
+
+    from . import compile_cache
 
     dims = _concrete_dims(sig, bundle, dim_values)
 
@@ -161,8 +168,13 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
 
     # the inputs the module aliases (KV caches) are donated here too, so the executable updates them in place
     donate = tuple(1 + i for i in donated_inputs(sig.exported, len(sig.weight_names)))
+    folder, key, hit = cache[0], None, None
     try:
-        compiled = jax.jit(sig.exported.call, keep_unused=True, donate_argnums=donate).lower(w_sds, *in_sds).compile()
+        lowered = jax.jit(sig.exported.call, keep_unused=True, donate_argnums=donate).lower(w_sds, *in_sds)
+        if folder is not None:
+            key = compile_cache.cache_key(lowered.as_text(), devices, cache[1])
+            hit = compile_cache.read(folder, key)
+        compiled = lowered.compile() if hit is None else None
     except Exception as e:  # noqa: BLE001 - the TPU compiler's refusals come as JaxRuntimeError
         msg = str(e)
         if "RESOURCE_EXHAUSTED" in msg or "Ran out of memory" in msg:
@@ -177,6 +189,12 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
             ) from None
         raise AotError(f"signature {sig.name!r}: the {target} compiler failed: {msg.splitlines()[0]}") from e
     seconds = time.perf_counter() - t0
+    if hit is not None:  # the executable and XLA's figures of an earlier compile of this very module
+        raw, figures = hit
+        figures["compiled_seconds_when_stored"] = figures["compile_seconds"]
+        figures["compile_seconds"], figures["compile_cache"] = round(seconds, 4), "hit"
+        return _checked(CompiledSignature(raw, [list(s.shape) for s in w_sds] + in_shapes, seconds), figures, hbm,
+                        sig, target, topology)
     figures = figures_of(compiled)
     figures["compile_seconds"] = round(seconds, 4)
     figures["input_shapes"] = in_shapes
@@ -188,6 +206,19 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
         from .llm.hbm import hbm_traffic_bytes
 
         figures["hbm_traffic_bytes"] = hbm_traffic_bytes(compiled.as_text())
+    _checked(None, figures, hbm, sig, target, topology)
+    raw = compiled.runtime_executable().serialize()
+    figures["executable_bytes"] = len(raw)
+    shapes = [list(s.shape) for s in w_sds] + in_shapes
+    if folder is not None:
+        compile_cache.write(folder, key, bytes(raw), {**figures, "compile_cache": "stored"})
+        figures["compile_cache"] = "miss"
+    return CompiledSignature(bytes(raw), shapes, seconds), figures
+
+
+def _checked(result, figures, hbm, sig, target, topology):
+    """``result`` when the program fits the HBM per device, else HbmOverflowError."""
+    needed, mem = figures["hbm_needed_bytes_per_device"], figures["memory"]
     if hbm is not None and needed > hbm:
         raise HbmOverflowError(
             f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) "
@@ -197,10 +228,7 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
             f"partition_rules), use dtype='bfloat16', or a smaller batch.",
             needed, hbm,
         )
-    raw = compiled.runtime_executable().serialize()
-    figures["executable_bytes"] = len(raw)
-    shapes = [list(s.shape) for s in w_sds] + in_shapes
-    return CompiledSignature(bytes(raw), shapes, seconds), figures
+    return result, figures
 
 
 def _gib(b) -> str:

@@ -111,6 +111,8 @@ def build_report(target, topology, libtpu_topology, chip, devices, mesh, per_sig
         entry = {
             "input_shapes": f["input_shapes"],
             "compile_seconds": f["compile_seconds"],
+            # "hit": the executable came from the AOT cache (tpu_backend/compile_cache.py) in compile_seconds
+            **{k: f[k] for k in ("compile_cache", "compiled_seconds_when_stored") if k in f},
             "executable_bytes": f["executable_bytes"],
             "cost": {k: _scoped(c[k], per_chip_factor, n, chip, why.get(k))
                      for k in ("flops", "transcendentals", "bytes_accessed")},
