@@ -81,9 +81,12 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
             d = os.path.join(stage, t.name)
             os.makedirs(d)
             ts = Stages(lambda m, n=t.name: say(f"{n}: {m}"))
-            files = (_write_edge(prog, src, spec, t, o, d, ts) if t.backend == "edge"
-                     else _write_tpu(prog, t, o, d, ts))
-            files[LM_META] = write_file(os.path.join(d, LM_META), json.dumps(meta, indent=1).encode())
+            if t.backend == "edge":
+                files, target_meta = _write_edge(prog, src, spec, t, o, d, ts), meta
+            else:
+                files, tspec = _write_tpu(prog, spec, t, o, d, ts)
+                target_meta = lm_meta(src, tspec, prefill_lengths)  # bf16 caches under dtype=bfloat16
+            files[LM_META] = write_file(os.path.join(d, LM_META), json.dumps(target_meta, indent=1).encode())
             if src.tokenizer_json is not None:
                 files["tokenizer.json"] = write_file(os.path.join(d, "tokenizer.json"), src.tokenizer_json.encode())
             summary["targets"][t.name] = {"stages": ts.times,
@@ -164,9 +167,20 @@ def _write_edge(prog, src, spec, t, opts, d, stages) -> dict:
 _TPU_STAGES = (("AOT", "compile"), ("lowering", "lower"), ("writing", "write"))
 
 
-def _write_tpu(prog, t, opts, d, stages) -> dict:
-    """targets.tpu.write_tpu_artifact, its progress messages mapped onto the lower / compile / write stages."""
+def _write_tpu(prog, spec, t, opts, d, stages) -> tuple[dict, object]:
+    """targets.tpu.write_tpu_artifact through tpu_backend.llm.export_lm (caches donated, stored bf16 under
+    dtype=bfloat16; the compiled report gets its ``llm`` section), its progress messages mapped onto the lower /
+    compile / write stages. Returns ({file: path}, the artifact's CacheSpec)."""
+    from tpu_backend.llm import export_lm
+
     from .tpu import write_tpu_artifact
+
+    exported_spec = []
+
+    def export(prog, **kw):
+        bundle, tspec = export_lm(prog, spec, **kw)
+        exported_spec.append(tspec)
+        return bundle
 
     path = os.path.join(d, "model.tpuexp")
     open_stage = []
@@ -183,11 +197,11 @@ def _write_tpu(prog, t, opts, d, stages) -> dict:
         open_stage.append(cm)
 
     try:
-        write_tpu_artifact(prog, t, opts, path, say)
+        write_tpu_artifact(prog, t, opts, path, say, export=export)
     finally:
         if open_stage:
             open_stage.pop().__exit__(None, None, None)
-    return {"model.tpuexp": path}
+    return {"model.tpuexp": path}, exported_spec[0]
 
 
 def _resolve(targets, quantize) -> tuple[list, list]:

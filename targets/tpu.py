@@ -37,16 +37,17 @@ def _tpu_targets():
     return [(n, t) for n, t in TARGETS.items() if getattr(t, "chip", None) is not None]
 
 
-def write_tpu_artifact(prog, target, opts, path: str, say) -> dict:
+def write_tpu_artifact(prog, target, opts, path: str, say, *, export=None) -> dict:
     """Export ``prog`` for ``target`` with its checked options (XlaOptions / TpuOptions) and save it at
-    ``path``; AOT-compiled for the chip when ``opts.aot`` and libtpu is installed. Returns the summary info."""
+    ``path``; AOT-compiled for the chip when ``opts.aot`` and libtpu is installed. Returns the summary info.
+    ``export``: what exports (``tpu_backend.export_program``'s call form; an LLM passes tpu_backend.llm's)."""
     import importlib.util
 
     import tpu_backend
 
     t = get_target(target)
     say(f"{t.name}: lowering to JAX and exporting StableHLO for {', '.join(t.platforms)}")
-    bundle = tpu_backend.export_program(prog, platforms=t.platforms, **opts.export_kwargs(t))
+    bundle = (export or tpu_backend.export_program)(prog, platforms=t.platforms, **opts.export_kwargs(t))
     info = {"platforms": list(t.platforms)}
     if bundle.quant is not None:
         info["quant"] = {"scheme": bundle.quant, "int8_weights": len(bundle.quantized_weights)}

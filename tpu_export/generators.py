@@ -124,8 +124,10 @@ class LoopGenerator:
             runtime = litert_torch.load(path)
         else:
             import tpu_backend
+            from tpu_backend.llm import OnDeviceLM
 
-            runtime = _OnDevice.wrap(tpu_backend.load(path))
+            # the caches stay on the device between steps, donated: each step updates them in place
+            runtime = OnDeviceLM(tpu_backend.load(path), spec.names())
         return cls(runtime, spec, tok, meta, name=path)
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
@@ -166,25 +168,6 @@ class LoopGenerator:
             caches = {k: out[k] for k in self.spec.names()}
             self._warm.add(sig)
         return (time.perf_counter() - t0) * 1e3
-
-
-class _OnDevice:
-    """A TPU program whose caches stay on the device between calls (and are donated, updated in place) when the
-    runtime offers it (``run_on_device``); only the logits come back to the host."""
-
-    def __init__(self, prog):
-        self.prog, self.signature_names = prog, prog.signature_names
-
-    @classmethod
-    def wrap(cls, prog):
-        return cls(prog) if hasattr(prog, "run_on_device") else prog
-
-    def __call__(self, *args, signature_name=None, **kwargs):
-        import numpy as np
-        import torch
-
-        out = self.prog.run_on_device(*args, signature_name=signature_name, **kwargs)
-        return {**out, "logits": torch.tensor(np.asarray(out["logits"], dtype=np.float32))}
 
 
 def render_chat(template: str | None, prompt: str, where: str) -> str:
