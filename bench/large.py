@@ -5,7 +5,7 @@
 Each model is a Llama-style transformers LlamaForCausalLM, random init (seeded), float32, saved once
 as a model directory (safetensors) under --work (default: $TMPDIR/tpu-export-bench-large). Each
 conversion runs in a fresh process that
-loads the model and converts `ids [1, 16] -> logits`; peak RSS is that process's ru_maxrss
+loads the model and converts `ids [1, 16] -> logits`; peak RSS is that process's VmHWM
 (everything: torch, the loaded model, the conversion), "x weights" is peak RSS / weight bytes.
 
 Modes (ours unless named):
@@ -128,8 +128,19 @@ def worker(mode: str, folder: str, out: str) -> None:
     convert_s = time.perf_counter() - t0
     print(json.dumps({"mode": mode, "convert_s": round(convert_s, 1),
                       "process_s": round(time.perf_counter() - t_start, 1),
-                      "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+                      "peak_rss_gb": round(_peak_rss() / 2**30, 2),
                       "size_gb": round(os.path.getsize(out) / 2**30, 3)}))
+
+
+def _peak_rss() -> int:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries a forked parent's RSS into the
+    child's ru_maxrss across exec, so a worker started by a parent that had just built a 3 B model
+    would report the parent's size."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def check_output(path: str, folder: str) -> float:
@@ -160,7 +171,9 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     rows = []
     for name in a.models.split(","):
-        folder = ensure_model(name, a.work)
+        # built in a child process: this one stays small (see _peak_rss)
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--build", name, a.work], check=True)
+        folder = os.path.join(a.work, name)
         wbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
         for mode in a.modes.split(","):
             out = os.path.join(a.work, f"{name}-{mode}.tflite")
@@ -189,7 +202,9 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    if len(sys.argv) > 1 and sys.argv[1] == "--build":
+        ensure_model(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.append(ROOT)  # appended: the peer venv's litert_torch must win over this repo's
         worker(*sys.argv[2:5])
     else:
