@@ -82,3 +82,14 @@ def test_unknown_argument_and_hub_id(tmp_path):
         export_hf.export(model="x", output_dir=str(tmp_path), prefil_lengths=[8])
     with pytest.raises(FileNotFoundError, match="not a local directory; nothing is downloaded"):
         export_hf.export(model="google/gemma-3-270m", output_dir=str(tmp_path / "o"))
+
+
+def test_both_import_spellings_reach_the_same_export():
+    """litert-torch 0.10 users write ``from litert_torch.generative.export_hf import export; export.export(...)``
+    (a submodule there); the issue's ``export_hf.export(...)`` works too."""
+    import importlib
+
+    from litert_torch.generative.export_hf import export as peer_style
+
+    assert peer_style.export is export_hf.export is peer_style
+    assert callable(importlib.import_module("litert_torch.generative.export_hf.export").export)
