@@ -15,7 +15,7 @@ from converter.lazy_exports import lazy_getattr
 __all__ = [
     "export_program", "export_lowered", "ExportedBundle", "ExportError", "PLATFORMS",
     "save", "load", "read_artifact", "TpuArtifact", "TpuProgram",
-    "compile_for", "compile_on_devices", "AotError", "HbmOverflowError", "InvalidTopologyError",
+    "compile_for", "compile_many", "compile_on_devices", "AotError", "HbmOverflowError", "InvalidTopologyError",
     "CHIPS", "TARGETS", "chip_for_target", "parse_topology",
     "MeshSpec", "PartitionRules", "ShardingError",
     "FORMAT_VERSION", "MIN_READABLE_VERSION", "ArtifactError", "ArtifactVersionError",
@@ -27,7 +27,8 @@ _WHERE = {
     "PLATFORMS": "export",
     "save": "artifact.store", "read_artifact": "artifact.load", "TpuArtifact": "artifact.load",
     "load": "runtime", "TpuProgram": "runtime",
-    "compile_for": "aot", "compile_on_devices": "aot", "AotError": "aot", "HbmOverflowError": "aot",
+    "compile_for": "aot", "compile_many": "aot", "compile_on_devices": "aot", "AotError": "aot",
+    "HbmOverflowError": "aot",
     "InvalidTopologyError": "chips", "CHIPS": "chips", "TARGETS": "chips", "chip_for_target": "chips",
     "parse_topology": "chips",
     "MeshSpec": "sharding", "PartitionRules": "sharding", "ShardingError": "sharding",

@@ -63,3 +63,16 @@ def test_the_environment_variable_turns_it_on(tmp_path, monkeypatch):
     monkeypatch.setenv("TPU_EXPORT_AOT_CACHE", str(tmp_path))
     _bundle().compile_for("tpu-v6e")
     assert _sig(_bundle().compile_for("tpu-v6e"))[1]["compile_cache"] == "hit"
+
+
+def test_generations_compile_in_parallel():
+    """compile_many: three generations in threads give what one compile_for after another gives."""
+    gens = [("tpu-v5e", None), ("tpu-v6e", "2x2"), ("tpu-v7x", "2x2x1")]
+    b = _bundle()
+    got = tpu_backend.compile_many(b, gens, cache_dir=False)
+    assert [c.target for c in got] == [t for t, _ in gens] and len(b.compiled) == 3
+    for c, (t, topo) in zip(got, gens):
+        want = _sig(_bundle().compile_for(t, topo, cache_dir=False))[1]
+        have = _sig(c)[1]
+        assert have["cost"]["flops"] == want["cost"]["flops"] and have["memory"] == want["memory"]
+        assert c.device_kind == {"tpu-v5e": "TPU v5 lite", "tpu-v6e": "TPU v6 lite", "tpu-v7x": "TPU7x"}[t]
