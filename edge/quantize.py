@@ -8,13 +8,18 @@ Schemes (``QuantConfig.scheme``, or the name alone):
 - ``weight_only_int8`` / ``weight_only_int4``: int8 / int4 weights per output channel, dequantized
   to float by DEQUANTIZE ops; float compute (int4 ranges clipped by OCTAV, see ``recipe_for``).
   LiteRT runs blockwise int4 only in dynamic-range FULLY_CONNECTED and ai-edge-quantizer refuses
-  blockwise weight-only configs, so weight-only int4 is channelwise; pass
-  ``QuantConfig(recipe=ai_edge_quantizer.recipe.dynamic_wi4b32_afp32())`` for blockwise-32 int4.
+  blockwise weight-only configs, so weight-only int4 is channelwise.
+- ``dynamic_int4_block32``: int4 weights in blocks of 32 input channels, a float16 scale each,
+  in dynamic-range FULLY_CONNECTED / EMBEDDING_LOOKUP (the layout LiteRT-LM's int4 LLMs use).
 - ``fp16``: float16 weights (ai-edge-quantizer's float casting), DEQUANTIZE to float32 at load.
 - ``static_int8``: int8 weights and activations from calibration inputs (full integer; each
   activation's range is its min/max over all the samples, see ``_calibrate``); inputs and
   outputs int8 (``io_dtype="int8"``, what TFLite Micro and NPUs take) or float32 with QUANTIZE /
   DEQUANTIZE at the boundary (``io_dtype="float32"``).
+
+Before the recipe runs, edge/quantize_prep.py makes tensor names unique model-wide and turns a GATHER of
+a constant float table (an embedding) into EMBEDDING_LOOKUP, which the dynamic, weight-only and fp16
+recipes quantize (they skip GATHER); static int8 keeps the GATHER (it runs int8 as it is).
 
 Calibration inputs are validated against the Program's signatures (count, shapes up to dynamic
 dims, dtypes) by ``calibration_feeds`` before anything is lowered or written.
