@@ -15,13 +15,6 @@ import torch
 from tests.numerics import rel_err
 from tests.zoo import ZOO, build
 
-# (architecture, exporter) -> why the edge output is not checked yet (strict xfail: it flips when fixed)
-EDGE_XFAIL = {
-    name: "edge/ops_activation.py _shift_into_bias tests `if not data` on a numpy buffer (ValueError) when "
-          "a HardSigmoid follows a conv with a bias the importer folded; reported"
-    for name in ("mobilenet_v3", "lraspp")
-}
-
 
 def _export(name, kind):
     m, args = build(name)
@@ -73,10 +66,6 @@ def test_zoo_model_from_onnx(name, kind):
     tpu = jax.jit(low.fn)(low.weight_arrays(prog), *flat)
     for n, g, w in zip(names, tpu, want):
         assert rel_err(np.asarray(g), w) <= 1e-4, f"tpu {n}: {rel_err(np.asarray(g), w):.3g}"
-    if name in EDGE_XFAIL:
-        with pytest.raises(Exception):  # noqa: B017 - the reported edge bug; fails here until it is fixed
-            convert_program(prog)
-        pytest.xfail(EDGE_XFAIL[name])
     edge = litert_torch.Model(convert_program(prog))(*args)
     for n, w in zip(names, want):
         assert rel_err(edge[n], w) <= 1e-4, f"edge {n}: {rel_err(edge[n], w):.3g}"
