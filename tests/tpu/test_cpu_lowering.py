@@ -1,0 +1,44 @@
+"""CPU-platform lowering choices (tpu_backend/lowering/ops_conv.py): a wide dense conv runs on XLA:CPU as
+one matmul over im2col patches, the TPU keeps its convolution; both match torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import converter
+import tpu_backend
+from tests.numerics import rel_err
+
+
+class Conv(torch.nn.Module):
+    def __init__(self, cin, cout, k, stride, padding, dilation, bias):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(cin, cout, k, stride, padding, dilation, bias=bias)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+@pytest.mark.parametrize("cin, cout, k, stride, padding, dilation, hw, bias, matmul", [
+    (256, 256, 3, 1, 1, 1, 7, False, True),  # resnet18's layer4 shape (at 256 ch)
+    (288, 256, 3, 2, 1, 1, 9, True, True),
+    (256, 320, 3, (1, 2), (2, 0), 2, 8, True, True),  # dilated, mixed strides, one-sided padding per axis
+    (64, 64, 3, 1, 1, 1, 8, False, False),  # narrow: XLA:CPU's own convolution is faster
+])
+def test_wide_conv_is_a_matmul_on_cpu(cin, cout, k, stride, padding, dilation, hw, bias, matmul):
+    model = Conv(cin, cout, k, stride, padding, dilation, bias).eval()
+    x = torch.randn(2, cin, hw, hw, generator=torch.Generator().manual_seed(1))
+    prog = converter.prepare(model, (x,))
+    cpu = tpu_backend.export_program(prog, platforms=("cpu",))
+    text = cpu.signatures["serving_default"].exported.mlir_module()
+    assert ("stablehlo.convolution" not in text) == matmul
+    with torch.no_grad():
+        want = model(x)
+    assert rel_err(cpu(x), want) <= 1e-5
+    # the two-platform artifact: the TPU branch keeps the convolution, the CPU fallback takes the matmul
+    both = tpu_backend.export_program(prog)
+    text = both.signatures["serving_default"].exported.mlir_module()
+    assert "stablehlo.convolution" in text and ("stablehlo.dot_general" in text) == matmul
+    assert rel_err(both(x), want) <= 1e-5
