@@ -115,8 +115,10 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
             raise LmSourceError(f"{src.name}: its cache protocol spec holds {own} slots; cache_len={cache_len} cannot "
                                 "change it (build the module with that cache length, or leave cache_len out)")
         with torch.no_grad():
-            return prepare_many(lm_requests(src.model, prefill_lengths)), src.model.spec
-    return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN))
+            return prepare_many(lm_requests(src.model, prefill_lengths, prefill_logits=False)), src.model.spec
+    # prefill without logits: both runtimes' loops (LiteRT-LM's, tpu_export.generate's) never read them
+    return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN),
+                      prefill_logits=False)
 
 
 def lm_meta(src: LmSource, spec, prefill_lengths) -> dict:

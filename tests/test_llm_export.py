@@ -89,8 +89,11 @@ def test_greedy_tokens_match_transformers_generate(runtimes, hf, backend, n):
 
 def test_prompt_too_long_and_full_cache_are_clear_errors(runtimes):
     rts, spec = runtimes
-    with pytest.raises(PromptTooLongError, match=r"17 tokens; the exported prefill lengths are \[8, 16\]"):
-        greedy_generate(rts["litert"], spec, _prompt(17), 4)
+    # the loop prefills all prompt tokens but the last (decoded): 17 fit prefill_16, 18 do not
+    with pytest.raises(PromptTooLongError,
+                       match=r"18 tokens; the exported prefill lengths are \[8, 16\]: re-export with a prefill "
+                             r"length >= 17"):
+        greedy_generate(rts["litert"], spec, _prompt(18), 4)
     with pytest.raises(CacheFullError, match=r"the cache holds 64"):
         greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 14)
     assert len(greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 15)) == CACHE - 15  # exactly full
@@ -187,3 +190,20 @@ def test_cache_write_is_a_clamped_dynamic_update_slice_on_both_backends(start):
         out = rt(cache, update, pos)
         out = out if isinstance(out, torch.Tensor) else torch.as_tensor(next(iter(out.values())))
         assert torch.equal(torch.as_tensor(out), want)
+
+
+def test_prefill_without_logits_generates_the_same_tokens(hf):
+    """prefill_logits=False (what convert-lm exports): the prefill signatures return only the caches, the capture
+    drops the vocabulary projection of every prefill row, and generation (prefill all prompt tokens but the last,
+    decode the last) still equals transformers, a 1-token prompt (no prefill at all) included."""
+    from edge import convert_program
+
+    prog, spec = prepare_lm(hf, prefill_lengths=(8,), cache_len=CACHE, prefill_logits=False)
+    assert [o.name for o in prog.signatures["prefill_8"].outputs] == spec.names()
+    assert "logits" in [o.name for o in prog.signatures["decode"].outputs]
+    rt = litert_torch.Model(convert_program(prog))
+    for n in (1, 9):
+        ids = _prompt(n)
+        with torch.no_grad():
+            want = hf.generate(ids, do_sample=False, max_new_tokens=NEW)[0, n:].tolist()
+        assert greedy_generate(rt, spec, ids, NEW, eos_token_id=hf.generation_config.eos_token_id) == want

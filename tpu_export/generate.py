@@ -78,8 +78,9 @@ class Sampling:
 
 @dataclasses.dataclass
 class GenerationRun:
-    """The new tokens and the times: ``prefill_ms`` (the prompt's one prefill call) and ``decode_tokens_per_s``
-    (decode calls per second; None when no decode call ran)."""
+    """The new tokens and the times: ``prefill_ms`` (to the first new token's logits: the prefill call of all
+    prompt tokens but the last, and the decode call of the last) and ``decode_tokens_per_s`` (decode calls per
+    second after it; None when no decode call ran)."""
 
     tokens: list
     prompt_tokens: int
@@ -100,9 +101,10 @@ def prefill_lengths(runtime) -> list[int]:
 
 
 def greedy_generate(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
-    """Prefill ``prompt_ids`` (a list of ints or a [1, n] tensor) with the shortest ``prefill_<L>`` that holds it,
-    then decode one token at a time, each the argmax of the last logits. Returns the new tokens (at most
-    ``max_new_tokens``; it stops after ``eos_token_id``). ``spec``: the converter.llm.CacheSpec of the export.
+    """Prefill ``prompt_ids`` (a list of ints or a [1, n] tensor) but its last token with the shortest
+    ``prefill_<L>`` that holds them, then decode the last prompt token and one token at a time, each the argmax of
+    the last logits. Returns the new tokens (at most ``max_new_tokens``; it stops after ``eos_token_id``).
+    ``spec``: the converter.llm.CacheSpec of the export.
     """
     return generate_ids(runtime, spec, prompt_ids, max_new_tokens, eos_token_id=eos_token_id).tokens
 
@@ -118,10 +120,12 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
     lengths = prefill_lengths(runtime)
     if not lengths:
         raise ValueError("the runtime has no prefill_<L> signature: export it with converter.llm.prepare_lm")
-    fits = [L for L in lengths if L >= n]
+    # as LiteRT-LM's engine does: prefill all prompt tokens but the last, then decode the last one, whose logits
+    # give the first new token (prefill signatures need no logits; a 1-token prompt needs no prefill)
+    fits = [L for L in lengths if L >= n - 1]
     if n == 0 or not fits:
         raise PromptTooLongError(f"the prompt has {n} tokens; the exported prefill lengths are {lengths}: "
-                                 f"re-export with a prefill length >= {n} or shorten the prompt")
+                                 f"re-export with a prefill length >= {n - 1} or shorten the prompt")
     # the last new token is never fed back, so the cache holds the prompt and max_new_tokens - 1 more
     if n + max_new_tokens - 1 > spec.cache_len:
         raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens need {n + max_new_tokens - 1} cache "
@@ -130,11 +134,16 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
     stops = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id})
     pick = (sampling or Sampling()).picker()
-    L = fits[0]
-    tokens = torch.tensor([prompt + [0] * (L - n)], dtype=torch.int32)  # pad slots are overwritten before read
     t0 = time.perf_counter()
-    out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **spec.zeros())
-    logits = torch.as_tensor(out["logits"])[0, n - 1]  # fetched: the prefill's time includes its result
+    caches = spec.zeros()
+    if n > 1:
+        L = fits[0]
+        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)  # pad slots: overwritten first
+        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
+        caches = {k: out[k] for k in spec.names()}
+    out = runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
+                  signature_name="decode", **caches)
+    logits = torch.as_tensor(out["logits"])[0, 0]  # fetched: the time to the first token includes its result
     run = GenerationRun([], n, (time.perf_counter() - t0) * 1e3)
     for pos in range(n, n + max_new_tokens):
         tok = pick(logits.float())

@@ -154,8 +154,8 @@ class LoopGenerator:
 
         from .generate import prefill_lengths
 
-        fits = [L for L in prefill_lengths(self.runtime) if L >= n]
-        todo = [(f"prefill_{fits[0]}", fits[0])] if fits else []
+        fits = [L for L in prefill_lengths(self.runtime) if L >= n - 1]  # the loop prefills all tokens but the last
+        todo = [(f"prefill_{fits[0]}", fits[0])] if fits and n > 1 else []
         todo = [(s, t) for s, t in todo + [("decode", 1)] if s not in self._warm]
         if not todo:
             return None
