@@ -57,7 +57,8 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
 
     ``cache_len``: slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
     module brings its own). ``quantize``: a scheme for every target that takes it (edge: dynamic_int8,
-    weight_only_int8, weight_only_int4, fp16; TPU: weight_only_int8); per-target options override it.
+    weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16; TPU: weight_only_int8; TPU bf16 is the
+    target option dtype="bfloat16"); per-target options override it.
     """
     say = progress or (lambda msg: None)
     resolved, opts = _resolve(targets, quantize)
@@ -234,7 +235,8 @@ def _resolve(targets, quantize) -> tuple[list, list]:
             q = as_quant_config(mine["quant_config"])
             if q is not None and q.needs_calibration:
                 raise ValueError(f"target {t.name!r}: static int8 of an LLM (calibrating prefill and decode) is "
-                                 "not supported; use dynamic_int8, weight_only_int8, weight_only_int4 or fp16")
+                                 "not supported; use dynamic_int8, weight_only_int8, weight_only_int4, "
+                                 "dynamic_int4_block32 or fp16")
         opts.append(options_for(t, mine))
     return resolved, opts
 

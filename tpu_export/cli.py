@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--use-pallas", choices=["auto", "on", "off"])
     c.add_argument("--dtype", choices=["float32", "bfloat16"])
     c.add_argument("--quantize", metavar="SCHEME",
-                   help="dynamic_int8, weight_only_int8, weight_only_int4, fp16, static_int8")
+                   help="dynamic_int8, weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16, "
+                        "static_int8")
     c.add_argument("--calibration", metavar="FILE.npz", help="calibration inputs for static_int8 (first dim = sample)")
     c.add_argument("--dynamic-batch", action="store_true", help="export dim 0 of every input as dynamic")
     c.add_argument("--max-batch", type=int, default=1024)

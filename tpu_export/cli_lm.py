@@ -65,7 +65,8 @@ def add_lm_commands(sub) -> None:
     lm.add_argument("--cache", type=int, default=None, metavar="N",
                     help="KV cache slots = the most tokens a session holds (default 1024)")
     lm.add_argument("--quantize", metavar="SCHEME", help="edge: dynamic_int8, weight_only_int8, weight_only_int4, "
-                                                         "fp16; TPU: weight_only_int8 (per target: NAME:quantize=S)")
+                                                         "dynamic_int4_block32, fp16; TPU: weight_only_int8 "
+                                                         "(per target: NAME:quantize=S)")
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(fn=cmd_convert_lm)
 
