@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["channel_last_io", "lower_edge"]
+__all__ = ["channel_last_io", "lower_edge", "write_edge"]
 
 
 def channel_last_io(prog) -> dict:
@@ -21,15 +21,26 @@ def channel_last_io(prog) -> dict:
     return out
 
 
+def _io(prog, channel_last):
+    if channel_last is True:
+        return channel_last_io(prog)
+    if channel_last is False or channel_last is None:
+        return None
+    return channel_last
+
+
 def lower_edge(prog, *, channel_last: bool | dict | tuple = False) -> bytes:
     """Program -> float .tflite via the edge backend; ``channel_last``: True = every image I/O (above),
     False = torch's layout, or an explicit to_channel_last_io spec passed through."""
     import edge
 
-    if channel_last is True:
-        io = channel_last_io(prog)
-    elif channel_last is False or channel_last is None:
-        io = None
-    else:
-        io = channel_last
-    return edge.convert_program(prog, to_channel_last_io=io)
+    return edge.convert_program(prog, to_channel_last_io=_io(prog, channel_last))
+
+
+def write_edge(prog, path, *, channel_last: bool | dict | tuple = False, progress=None) -> str:
+    """``lower_edge`` written straight into ``path`` (atomically), the weights streamed from where they
+    live: no whole-model bytes object, and past 2 GiB the schema's large-model form. A model under 2 GiB
+    gets the same bytes as ``lower_edge``. Returns the absolute path."""
+    from edge.convert import write_program
+
+    return write_program(prog, path, to_channel_last_io=_io(prog, channel_last), progress=progress)

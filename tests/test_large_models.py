@@ -236,3 +236,45 @@ def test_dynamic_int8_while_streaming_gives_ai_edge_quantizers_weights(tmp_path,
     assert os.path.getsize(tmp_path / "q.tflite") < 0.3 * 4 * sum(p.numel() for p in m.parameters())
     assert rel_err(ours(x), theirs(x)) < 1e-6
     assert rel_err(ours(x), m(x)) < 0.02
+
+
+class _Cnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3))), torch.sigmoid(self.conv(x))
+
+
+def test_multi_target_convert_streams_the_same_files(tmp_path, monkeypatch):
+    """tpu_export.convert (the CLI's convert) writes android / cpu .tflite files straight to disk: no
+    bytes of the whole model (convert_program is never called), the same file and compatibility figures
+    as the bytes path, and the same numbers as torch."""
+    import edge.convert
+    import tpu_export
+    from converter.pipeline import SignatureRequest, prepare_many
+    from targets.compat import compatibility
+    from targets.mobile import lower_edge
+
+    torch.manual_seed(0)
+    m, x = _Cnn().eval(), torch.randn(1, 3, 12, 12)
+    want = {n: lower_edge(prepare_many([SignatureRequest("serving_default", m, (x,))]), channel_last=cl)
+            for n, cl in (("android", True), ("cpu", False))}
+
+    def no_bytes(*a, **k):
+        raise AssertionError("the multi-target convert built the model's bytes")
+
+    monkeypatch.setattr(edge.convert, "convert_program", no_bytes)
+    written = tpu_export.convert(m, (x,), targets=["android", "cpu"], out_dir=tmp_path)
+    summary = __import__("json").loads((tmp_path / "summary.json").read_text())
+    for name, data in want.items():
+        assert open(written[name], "rb").read() == data
+        t = summary["targets"][name]
+        assert t["files"] == [f"{name}.tflite"] and t["bytes"] == len(data)
+        for d, figs in t["compatibility"].items():
+            rep = compatibility(data, name, delegate=d)
+            assert figs == {"accelerated": rep.accelerated_count, "fallback": rep.fallback, "total": rep.total}
+    got = litert_torch.load(written["cpu"])(x)
+    assert all(rel_err(g, w) < 1e-5 for g, w in zip(got, m(x)))

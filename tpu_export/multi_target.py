@@ -94,7 +94,10 @@ def convert(
         for t, o in zip(resolved, opts):
             t1 = time.perf_counter()
             say(f"{t.name}: lowering and writing ({t.backend} backend)")
-            path, info = backends[t.backend].write_for_target(prog, t, stage, o, say)
+            if _streams(t, o):
+                path, info = _write_edge_streamed(prog, t, stage, o, say)
+            else:
+                path, info = backends[t.backend].write_for_target(prog, t, stage, o, say)
             summary["targets"][t.name] = {"path": os.path.relpath(path, stage),
                                           "seconds": round(time.perf_counter() - t1, 3),
                                           "bytes": artifact_size(path), **info}
@@ -113,6 +116,47 @@ def convert(
 
 
 _STAGE = "convert"  # staging folder: out_dir/.convert.tmp-<pid>-*
+
+
+def _streams(t, opts) -> bool:
+    """A float .tflite whose package is the file alone (android, ios, cpu): written straight to disk.
+    Targets with their own I/O check, package files or int8 step (web, iot), and quantized models,
+    keep the bytes path (their steps read the whole flatbuffer)."""
+    if t.backend != "edge":
+        return False
+    from targets.registry import EdgeTarget
+
+    kind = type(t)
+    plain = all(getattr(kind, h) is getattr(EdgeTarget, h) for h in ("finish", "package_files", "check_io"))
+    return plain and opts.quant_config is None and opts.calibration_data is None
+
+
+def _write_edge_streamed(prog, t, stage: str, opts, say) -> tuple[str, dict]:
+    """The float .tflite streamed into the staged target folder (weights written from where they live, the
+    large-model form past 2 GiB, so a model of any size converts), then its delegate checks on a read-only
+    map of the file: the same file, report and summary entry as the bytes path, without the model in memory."""
+    from edge.tflite_check import map_tflite
+    from targets.compat import compatibility
+    from targets.mobile import write_edge
+
+    name = opts.name or t.name
+    os.makedirs(os.path.join(stage, t.name), exist_ok=True)
+    path = write_edge(prog, os.path.join(stage, t.name, f"{name}.tflite"), channel_last=opts.channel_last_for(t),
+                      progress=say)
+    data = map_tflite(path, check=True)
+    try:
+        reports = [compatibility(data, t, delegate=d) for d in t.delegates]
+    finally:
+        data.close()
+    info = {"files": [f"{name}.tflite"], "compatibility": {}}
+    for d, rep in zip(t.delegates, reports):
+        say(rep.summary())
+        info["compatibility"][d] = {"accelerated": rep.accelerated_count, "fallback": rep.fallback,
+                                    "total": rep.total}
+    if opts.strict_ops:
+        for rep in reports:
+            rep.raise_if_fallback()
+    return path, info
 
 
 def _targets_and_options(targets, shared: dict) -> tuple[list, list]:
