@@ -26,6 +26,8 @@ class Conv(torch.nn.Module):
     (288, 256, 3, 2, 1, 1, 9, True, True),
     (256, 320, 3, (1, 2), (2, 0), 2, 8, True, True),  # dilated, mixed strides, one-sided padding per axis
     (64, 64, 3, 1, 1, 1, 8, False, False),  # narrow: XLA:CPU's own convolution is faster
+    (32, 96, 1, 1, 0, 1, 8, True, True),  # pointwise
+    (64, 128, 1, 2, 0, 1, 8, False, True),  # a strided 1x1 (ResNet downsample)
 ])
 def test_wide_conv_is_a_matmul_on_cpu(cin, cout, k, stride, padding, dilation, hw, bias, matmul):
     model = Conv(cin, cout, k, stride, padding, dilation, bias).eval()

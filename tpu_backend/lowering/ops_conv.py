@@ -67,11 +67,12 @@ def _im2col(x, w, stride, padding, dilation, precision):
 
 
 def _im2col_faster_on_cpu(x, weight, groups: int) -> bool:
-    """Wide dense convs: XLA:CPU's convolution runs them at a third to a half of the speed of the same
-    matmul (one thread, jax 0.10.2; 3x3, stride 1 or 2: 256ch at 7x7 1.3x, 512ch 1.4x, 1024ch 2.1x faster
-    as a matmul; 64-128ch 0.6-0.9x, so those keep the convolution). Measured: bench/cpu_conv.py."""
-    cin_k = weight.shape[1] * weight.shape[2] * weight.shape[3]
-    return groups == 1 and cin_k >= 2304 and weight.shape[0] >= 256
+    """Where XLA:CPU's convolution is slower than the same matmul (one thread, jax 0.10.2, measured by
+    bench/cpu_conv.py): every 1x1 conv (the matmul is 1.1-2.7x faster: MobileNet/ResNet-50 pointwise
+    convs, 2048->512 at 7x7 2.7x) and wide k*k convs (3x3, stride 1 or 2: 256ch at 7x7 1.3x, 512ch 1.4x,
+    1024ch 2.1x); narrower k*k convs (64-128ch: 0.6-0.9x) keep the convolution."""
+    k = weight.shape[2] * weight.shape[3]
+    return groups == 1 and (k == 1 or (weight.shape[1] * k >= 2304 and weight.shape[0] >= 256))
 
 
 # aten::convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,
