@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -138,12 +139,17 @@ class TreeRss:
 
 def run_measured(cmd, env=None, timeout=3600) -> dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    # CPU time (user + sys of the process and the descendants it waited for): on a shared host the wall time is
+    # mostly waiting for a core, the CPU time is the work; one child at a time here, so the delta is this one's
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     rss = TreeRss(p.pid)
     out, err = p.communicate(timeout=timeout)
     wall = time.perf_counter() - t0
-    info = {"wall_s": wall, "peak_rss_mb": rss.stop(), "rc": p.returncode}
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    info = {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": rss.stop(), "rc": p.returncode}
     if p.returncode != 0:
         info["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
     for line in reversed(out.strip().splitlines()):
@@ -238,7 +244,8 @@ def engine_runs(bundles: dict, prompt: str, threads: int, decode: int, blocks: i
             continue
         keys = ("prefill_ms", "prefill_wall_ms", "decode_ms", "decode_wall_ms_per_token", "init_s", "peak_rss_mb")
         out[impl] = {**ok[0], "cold_init_s": cold[impl].get("init_s"), "runs": len(ok),
-                     **{k: statistics.median(r[k] for r in ok) for k in keys}}
+                     **{k: statistics.median(r[k] for r in ok) for k in keys},
+                     "decode_ms_each": [r["decode_ms"] for r in ok], "prefill_ms_each": [r["prefill_ms"] for r in ok]}
     return out
 
 
@@ -252,11 +259,15 @@ def main():
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--keep", help="work folder to keep (model directories are reused from it)")
+    ap.add_argument("--report", help="print the table of a results.json written by an earlier run")
     ap.add_argument("--engine-worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.engine_worker:
         return engine_worker(a.engine_worker, a.prompt, a.threads, a.decode)
+    if a.report:
+        with open(a.report) as f:
+            return report(json.load(f), a)
     import random
 
     peer_py = ensure_peer()
@@ -293,7 +304,8 @@ def report(rows, a):
     print(f"cache {a.cache}, prefill 32, engine CPU threads {a.threads}, {a.blocks} runs each, "
           f"decode {a.decode} tokens")
     print(f"{'model':8s} {'quant':13s} {'conv s ours/peer':>17s} {'x faster':>8s} {'rss MB ours/peer':>17s} "
-          f"{'ratio':>5s} {'MB ours/peer':>15s} {'ratio':>5s} {'prefill ms':>13s} {'prefill wall':>13s} "
+          f"{'ratio':>5s} {'cpu s ours/peer':>17s} {'x less':>6s} "
+          f"{'MB ours/peer':>15s} {'ratio':>5s} {'prefill ms':>13s} {'prefill wall':>13s} "
           f"{'decode ms/tok':>15s} {'ratio':>5s} "
           f"{'agree ours/peer':>15s}")
     for r in rows:
@@ -310,6 +322,7 @@ def report(rows, a):
         print(f"{r['model']:8s} {r['quant']:13s} {o['wall_s']:8.1f}/{p['wall_s']:<8.1f} "
               f"{p['wall_s'] / o['wall_s']:8.2f} "
               f"{o['peak_rss_mb']:8.0f}/{p['peak_rss_mb']:<8.0f} {o['peak_rss_mb'] / p['peak_rss_mb']:5.2f} "
+              f"{o['cpu_s']:8.1f}/{p['cpu_s']:<8.1f} {p['cpu_s'] / o['cpu_s']:6.2f} "
               f"{o['size_mb']:7.1f}/{p['size_mb']:<7.1f} {o['size_mb'] / p['size_mb']:5.3f} "
               f"{pre:>13s} {pre_wall:>13s} {dec:>21s} "
               f"{o.get('agree', float('nan')):7.2f}/{p.get('agree', float('nan')):<7.2f}")
