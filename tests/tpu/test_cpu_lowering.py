@@ -44,3 +44,22 @@ def test_wide_conv_is_a_matmul_on_cpu(cin, cout, k, stride, padding, dilation, h
     text = both.signatures["serving_default"].exported.mlir_module()
     assert "stablehlo.convolution" in text and ("stablehlo.dot_general" in text) == matmul
     assert rel_err(both(x), want) <= 1e-5
+
+
+def test_depthwise_taps_computed_once_before_a_layer_norm():
+    """ConvNeXt's block head (depthwise 7x7 -> channels-last -> LayerNorm): on XLA:CPU the taps sit in a
+    conditional, so the norm's three fusions read one buffer instead of each recomputing 49 taps."""
+    torch.manual_seed(0)
+    from tests.zoo import CNBlock
+
+    head = torch.nn.Sequential(*CNBlock(32).block[:3]).eval()
+    x = torch.randn(1, 32, 14, 14, generator=torch.Generator().manual_seed(1))
+    b = tpu_backend.export_program(converter.prepare(head, (x,)), platforms=("cpu",))
+    sig = b.signatures["serving_default"]
+    import jax
+
+    ws = [b.weights[w].numpy() for w in sig.weight_names]
+    hlo = jax.jit(sig.exported.call).lower(ws, x.numpy()).compile().as_text()
+    assert hlo.count("conditional(") == 1
+    with torch.no_grad():
+        assert rel_err(b(x), head(x)) <= 1e-5
