@@ -1,0 +1,240 @@
+"""ONNX files to .tflite: ours vs onnx2tf 2.6, side by side in one run (#18).
+
+    .venv/bin/python bench/onnx_vs_onnx2tf.py [--models resnet18,bert_base] [--exporter torchscript17|dynamo18]
+                                              [--runs 60]
+
+The models are bench/real_models.py's architectures at their published sizes (torchvision's widths and
+depths, 224x224 RGB, batch 1; bert-base at 128 tokens), random seeded weights, exported to ONNX once
+(static shapes) by torch.onnx.export: the TorchScript exporter at opset 17 (default) or the dynamo exporter
+at opset 18. Each file is then converted once by each converter in a fresh process (bench/_onnx_peer_worker.py):
+ours is tpu_export.convert(path, targets=["android"]) (NHWC image inputs/outputs, the android default);
+onnx2tf 2.6 runs with its defaults in its own venv (.bench-venv-onnx2tf, Python >= 3.12 as onnx2tf 2.x
+requires, installed here with pip), once with its default backend (flatbuffer_direct: its own .tflite
+writer) and once with tflite_backend="tf_converter" (TensorFlow's converter, onnx2tf 1.x's path; minutes
+per model: --peers peer skips it). Columns: conversion wall time and peak RSS (the worker's VmHWM),
+.tflite size (onnx2tf's *_float32.tflite), LiteRT interpreter latency (1 thread, median, ours and
+onnx2tf's in alternating blocks of 5), TRANSPOSE ops in the file, max rel err vs onnxruntime on the same
+input (NHWC inputs get the transposed image; NHWC outputs are compared transposed back).
+Goals: conversion >= 5x faster, latency <= 0.90x, no more TRANSPOSEs than onnx2tf, size <= 1.01x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEER_VENV = os.path.join(ROOT, ".bench-venv-onnx2tf")
+sys.path.insert(0, ROOT)
+
+DEFAULT_MODELS = ["resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regnet_y_400mf", "densenet121",
+                  "convnext_tiny", "swin_t", "vit_b_16", "bert_base"]
+# onnx2tf 2.x's own dependencies (its README's install line): TensorFlow, tf-keras, the ONNX tools it calls
+PEER_PACKAGES = ["onnx2tf==2.6.*", "tensorflow-cpu", "tf-keras", "onnx", "onnxruntime", "onnx-graphsurgeon",
+                 "sng4onnx", "psutil", "ai-edge-litert"]
+
+
+def _python312() -> str:
+    """A Python >= 3.12 to build the peer's venv with (onnx2tf 2.x requires it; this repo's venv is 3.11)."""
+    cands = [os.environ.get("ONNX2TF_PYTHON", "")] + [f"python3.{v}" for v in (12, 13)]
+    cands += sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.1[23]*/bin/python")))
+    import shutil
+
+    for c in cands:
+        path = shutil.which(c) if c and not os.path.isabs(c) else c
+        if path and os.path.exists(path):
+            return path
+    raise SystemExit("onnx2tf 2.6 needs Python >= 3.12: none found; set ONNX2TF_PYTHON=/path/to/python3.12")
+
+
+def ensure_peer() -> str:
+    py = os.path.join(PEER_VENV, "bin", "python")
+    if not os.path.exists(py):
+        subprocess.run([_python312(), "-m", "venv", PEER_VENV], check=True)
+    r = subprocess.run([py, "-c", "import onnx2tf, importlib.metadata as m; print(m.version('onnx2tf'))"],
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not r.stdout.strip().startswith("2.6."):
+        subprocess.run([py, "-m", "pip", "install", "-q", *PEER_PACKAGES], check=True)
+    return py
+
+
+def export_onnx(name: str, path: str, exporter: str):
+    """Export one real-size model; returns the torch inputs as numpy arrays (NCHW, int64 ids)."""
+    import torch
+
+    from bench.real_models import build_real
+
+    module, args = build_real(name)
+    names = ["input_ids", "attention_mask"] if name == "bert_base" else ["x"]
+    with torch.no_grad():
+        if exporter == "torchscript17":
+            torch.onnx.export(module, args, path, opset_version=17, dynamo=False, input_names=names)
+        else:
+            torch.onnx.export(module, args, path, opset_version=18, dynamo=True, verbose=False,
+                              input_names=names).save(path)
+    return {n: a.numpy() for n, a in zip(names, args)}
+
+
+def convert_in_subprocess(py, impl, onnx_path, out):
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([py, os.path.join(ROOT, "bench", "_onnx_peer_worker.py"), impl, onnx_path, out],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    for line in reversed(r.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", name.lower())
+
+
+class Timed:
+    """One .tflite in the LiteRT interpreter (1 thread, XNNPACK), fed the ONNX inputs (NHWC where it asks)."""
+
+    def __init__(self, path, inputs: dict):
+        from ai_edge_litert.interpreter import Interpreter
+
+        it = Interpreter(model_path=path, num_threads=1)
+        self.runner = it.get_signature_runner()
+        details = self.runner.get_input_details()
+        by_key = {_key(n): a for n, a in inputs.items()}
+        order = list(inputs.values())
+        self.feed = {}
+        for i, (n, d) in enumerate(details.items()):
+            a = by_key.get(_key(n), order[i] if i < len(order) else None)
+            want = tuple(d["shape"])
+            if a.shape != want and a.ndim == 4 and a.transpose(0, 2, 3, 1).shape == want:
+                a = a.transpose(0, 2, 3, 1)  # NCHW image -> the NHWC input both converters give
+            self.feed[n] = a.astype(d["dtype"])
+        for _ in range(3):
+            self.out = self.runner(**self.feed)
+        self.times = []
+
+    def block(self, n):
+        for _ in range(n):
+            t = time.perf_counter()
+            self.runner(**self.feed)
+            self.times.append((time.perf_counter() - t) * 1e3)
+
+
+def _fits(g, r) -> bool:
+    return g.shape == r.shape or (r.ndim == 4 and g.ndim == 4 and g.transpose(0, 3, 1, 2).shape == r.shape)
+
+
+def rel_err_vs(outs: dict, refs: dict) -> float:
+    """Max rel err over the ONNX outputs; each matched to a .tflite output by name, else by element count and
+    shape (NHWC outputs transposed back)."""
+    import numpy as np
+
+    from tests.numerics import rel_err
+
+    free = dict(outs)
+    worst = 0.0
+    for name, r in refs.items():
+        pick = next((k for k in free if _key(k) == _key(name)), None)
+        if pick is None:
+            pick = next((k for k in free if _fits(free[k], r)), None)
+        if pick is None:
+            return float("nan")
+        g = free.pop(pick)
+        if g.shape != r.shape and r.ndim == 4:
+            g = g.transpose(0, 3, 1, 2)
+        worst = max(worst, rel_err(np.asarray(g, np.float64), r))
+    return worst
+
+
+def transposes(path: str) -> int:
+    from edge.inspect import op_histogram
+
+    with open(path, "rb") as f:
+        return op_histogram(f.read()).get("TRANSPOSE", 0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--exporter", default="torchscript17", choices=("torchscript17", "dynamo18"))
+    ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--peers", default="peer,peer-tf",
+                    help="peer: onnx2tf's default flatbuffer_direct backend; peer-tf: its tf_converter backend "
+                         "(TensorFlow Lite's converter, minutes per model)")
+    a = ap.parse_args()
+    impls = ["ours"] + a.peers.split(",")
+    import onnxruntime as ort
+
+    from bench.edge_vs_litert_torch import compile_our_sources, latencies_ms
+
+    peer_py = ensure_peer()
+    compile_our_sources()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.models.split(","):
+            onnx_path = os.path.join(tmp, f"{name}.onnx")
+            inputs = export_onnx(name, onnx_path, a.exporter)
+            sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+            refs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
+            del sess
+            row = {"model": name}
+            for impl in impls:  # one at a time: the host is shared
+                py = sys.executable if impl == "ours" else peer_py
+                row[impl] = convert_in_subprocess(py, impl, onnx_path, os.path.join(tmp, f"{name}.{impl}.tflite"))
+            timed = {}
+            for impl in impls:
+                out, info = os.path.join(tmp, f"{name}.{impl}.tflite"), row[impl]
+                if "error" in info:
+                    continue
+                try:
+                    timed[impl] = Timed(out, inputs)
+                    info.update(size=os.path.getsize(out), transposes=transposes(out),
+                                rel_err=rel_err_vs(timed[impl].out, refs))
+                except Exception as e:  # noqa: BLE001 - one model's failure is a row, not the end of the run
+                    info.update(error=f"run: {e}"[:200])
+                    timed.pop(impl, None)
+            for impl, ms in latencies_ms(timed, a.runs).items():
+                row[impl]["latency_ms"] = ms
+            os.remove(onnx_path)
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+    for peer in impls[1:]:
+        report(rows, a.exporter, peer)
+
+
+def report(rows, exporter, peer):
+    backend = {"peer": "flatbuffer_direct", "peer-tf": "tf_converter"}[peer]
+    print(f"\nONNX files from torch.onnx.export ({exporter}); ours = tpu_export android, "
+          f"peer = onnx2tf 2.6 tflite_backend={backend}")
+    print(f"{'model':16s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'rss ours':>8s} {'rss peer':>8s} "
+          f"{'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} {'MB ours':>8s} {'size ratio':>10s} "
+          f"{'T ours':>6s} {'T peer':>6s} {'err ours':>9s} {'err peer':>9s}")
+    speed, lat, size, tr = [], [], [], []
+    for r in rows:
+        o, p = r["ours"], r.get(peer, {"error": "not run"})
+        if "error" in o or "error" in p:
+            print(f"{r['model']:16s} ours: {o.get('error', 'ok')}  peer: {p.get('error', 'ok')}")
+            continue
+        speed.append(p["convert_s"] / o["convert_s"])
+        lat.append(o["latency_ms"] / p["latency_ms"])
+        size.append(o["size"] / p["size"])
+        tr.append(o["transposes"] - p["transposes"])
+        print(f"{r['model']:16s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o['peak_rss_mb']:8.0f} "
+              f"{p['peak_rss_mb']:8.0f} {o['latency_ms']:8.2f} {p['latency_ms']:8.2f} {lat[-1]:9.2f} "
+              f"{o['size'] / 2**20:8.1f} {size[-1]:10.3f} {o['transposes']:6d} {p['transposes']:6d} "
+              f"{o['rel_err']:9.1e} {p['rel_err']:9.1e}")
+    if speed:
+        print(f"\nconversion: min {min(speed):.2f}x faster (goal >= 5x), median {statistics.median(speed):.2f}x")
+        print(f"latency: max ratio {max(lat):.2f}, median {statistics.median(lat):.2f} (goal <= 0.90)")
+        print(f"TRANSPOSE: {sum(t > 0 for t in tr)} models with more than onnx2tf (goal 0)")
+        print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")
+
+
+if __name__ == "__main__":
+    main()
