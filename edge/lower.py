@@ -79,6 +79,7 @@ class Lowerer(LoweringContextBase):
         (2 * Dim("half"), 16 * Dim("hq")) gives s = (dim - b) // a."""
         if expr is None or expr.is_number:
             return
+        self.symbols.setdefault(expr, SymVal(None, ("dim", v, d)))  # 16*hq itself: read the dim, no arithmetic
         if expr.is_Symbol:
             self.symbols.setdefault(expr, SymVal(None, ("dim", v, d)))
             return

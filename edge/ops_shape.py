@@ -70,10 +70,12 @@ def expand(lw, x, size, implicit=False):
         if d is None:  # a dynamic size: the graph's SymInt, or (for -1) the input's own dim
             d = size[i] if isinstance(size[i], SymVal) else SymVal(None, ("dim", x, i - off))
         dims.append(d)
-    phys_in = lw.sg.tensors[t].shape
-    grown = [i for i, p in enumerate(perm) if shape[p] is None or phys_in[i] != shape[p]]
+    tin = lw.sg.tensors[t]
+    phys_in = list(tin.shapeSignature) if tin.shapeSignature is not None else list(tin.shape)  # -1: dynamic
+    # the axes expand grows (a dynamic axis of x stays as it is: only size-1 axes grow)
+    grown = [i for i, p in enumerate(perm) if phys_in[i] != -1 and phys_in[i] != (-1 if shape[p] is None else shape[p])]
     if len(grown) == 1 and shape[perm[grown[0]]] is not None and 2 <= shape[perm[grown[0]]] <= 4 \
-            and x.static and not x.is_const:
+            and not x.is_const:
         # a few copies along one axis (GQA's repeat_kv): XNNPACK delegates CONCATENATION, not
         # BROADCAST_TO, which would split the delegated graph around it
         opts = lw.options("Concatenation", axis=grown[0], fusedActivationFunction=0)

@@ -222,7 +222,8 @@ def flip(lw, x, dims):
 
 # roll(Tensor self, SymInt[1] shifts, int[1] dims=[]) -> Tensor: two slices and a concat per dim
 @lowering(aten.roll.default)
-@supported_if(lambda n: len(arguments(n)["dims"]) > 0)
+@supported_if(lambda n: len(arguments(n)["dims"]) > 0 and all(
+    isinstance(n.args[0].meta["val"].shape[d], int) for d in arguments(n)["dims"]))  # a static rolled dim
 def roll(lw, x, shifts, dims=()):
     for s, d in zip(shifts, dims):
         d %= x.rank
