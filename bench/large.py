@@ -15,9 +15,12 @@ Modes (ours unless named):
   loader   the module built on the meta device, weights_loader=safetensors_loader(model dir):
            weights read one tensor at a time, never all in memory (the "model directory" path)
   loader_int8  loader + quant_config="dynamic_int8": FULLY_CONNECTED weights int8 as they are written
+  phases   stream's steps timed one by one (capture, lowering, write), printed in the row
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
-Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8).
+Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8);
+vit_b_16 (#16's held-out zoo goal: peak RSS <= 0.7x the peer's) with --modes vit_memory,vit_stream,vit_peer
+(convert() + export(), output_file_path, the peer's convert() + export()).
 Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
 Runs one conversion at a time; check `free -g` first (the 1.1B peer run needs ~3x its 4.4 GB).
 """
@@ -90,7 +93,32 @@ def _wrapper(torch):
     return LogitsOf
 
 
+def vit_worker(mode: str, out: str) -> None:
+    """vit_b_16 at its published size (86.6 M parameters, 224x224), random init: ours (convert() then
+    export, or output_file_path) or the peer's (convert() then export), peak RSS of the process."""
+    t_start = time.perf_counter()
+    import torch
+
+    from tests.zoo import ViT
+
+    torch.manual_seed(0)
+    module, x = ViT(224, 16, 768, 12, 12, 3072, 1000).eval(), torch.randn(1, 3, 224, 224)
+    t0 = time.perf_counter()
+    import litert_torch
+
+    if mode == "vit_stream":
+        litert_torch.convert(module, (x,), output_file_path=out)
+    else:  # vit_memory (ours) and vit_peer: a user's plain convert() + export()
+        litert_torch.convert(module, (x,)).export(out)
+    print(json.dumps({"mode": mode, "convert_s": round(time.perf_counter() - t0, 1),
+                      "process_s": round(time.perf_counter() - t_start, 1),
+                      "peak_rss_gb": round(_peak_rss() / 2**30, 3),
+                      "size_gb": round(os.path.getsize(out) / 2**30, 3)}))
+
+
 def worker(mode: str, folder: str, out: str) -> None:
+    if mode.startswith("vit_"):
+        return vit_worker(mode, out)
     t_start = time.perf_counter()
     import torch
     import transformers
@@ -116,7 +144,20 @@ def worker(mode: str, folder: str, out: str) -> None:
     t0 = time.perf_counter()
     import litert_torch
 
-    if mode == "peer":
+    if mode == "phases":  # where our streamed conversion's time goes: capture, lowering, the write
+        from converter import prepare_many
+        from converter.pipeline import SignatureRequest
+        from edge.convert import lower_program, write_model
+
+        prog = prepare_many([SignatureRequest("serving_default", module, (ids,))])
+        t1 = time.perf_counter()
+        lowered = lower_program(prog, spill=True, spill_folder=os.path.dirname(os.path.abspath(out)))
+        t2 = time.perf_counter()
+        write_model(lowered, out)
+        t3 = time.perf_counter()
+        phases = {"capture_s": round(t1 - t0, 1), "lower_s": round(t2 - t1, 1), "write_s": round(t3 - t2, 1)}
+        print(json.dumps(phases), file=sys.stderr)
+    elif mode == "peer":
         model = litert_torch.convert(module, (ids,), lightweight_conversion=True)
         model.export(out)
     elif mode == "memory":
@@ -171,13 +212,17 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     rows = []
     for name in a.models.split(","):
-        # built in a child process: this one stays small (see _peak_rss)
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--build", name, a.work], check=True)
-        folder = os.path.join(a.work, name)
-        wbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder) if f.endswith(".safetensors"))
+        if name == "vit_b_16":  # no directory: built in each worker; "weights" = its float32 parameters
+            folder, wbytes = "-", 86_567_656 * 4
+        else:
+            # built in a child process: this one stays small (see _peak_rss)
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--build", name, a.work], check=True)
+            folder = os.path.join(a.work, name)
+            wbytes = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+                         if f.endswith(".safetensors"))
         for mode in a.modes.split(","):
             out = os.path.join(a.work, f"{name}-{mode}.tflite")
-            py = PEER_PY if mode == "peer" else sys.executable
+            py = PEER_PY if mode in ("peer", "vit_peer") else sys.executable
             env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
             r = subprocess.run([py, os.path.abspath(__file__), "--worker", mode, folder, out],
                                capture_output=True, text=True, env=env)
@@ -185,6 +230,9 @@ def main():
                 print(f"{name} {mode}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
             row = json.loads(r.stdout.strip().splitlines()[-1])
+            for line in r.stderr.splitlines():
+                if line.startswith('{"capture_s"'):
+                    row.update(json.loads(line))
             row.update(model=name, weights_gb=round(wbytes / 2**30, 2),
                        x_weights=round(row["peak_rss_gb"] * 2**30 / wbytes, 2))
             if a.check:

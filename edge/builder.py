@@ -137,6 +137,15 @@ def _raw(array):
     return raw.tobytes() if raw.nbytes < _COPY_BELOW else memoryview(raw)
 
 
+def _computed(data) -> bool:
+    """Whether ``data`` (bytes or a memoryview of an array) is memory numpy allocated, i.e. an array a
+    lowering computed, rather than a view of a tensor, a map or a file spool that lives elsewhere."""
+    root = data.obj if isinstance(data, memoryview) else None
+    while isinstance(root, np.ndarray) and isinstance(root.base, np.ndarray):
+        root = root.base
+    return not isinstance(root, np.ndarray) or root.base is None
+
+
 class _AlignedBuffer:
     """A BufferT stand-in whose Pack writes its bytes 16-byte aligned in one copy; in the
     large-model form (``external``) it packs offset/size placeholders instead of the data."""
@@ -219,7 +228,10 @@ class ModelBuilder:
         from converter.lazy_weights import drop_pages
 
         data = _raw(array)
-        weights = np.ndim(array) >= 2  # spilled when large; a bias (1-D) stays readable in memory
+        # spilled when large and computed here (a folded or transposed weight); a bias (1-D) stays
+        # readable in memory, and a view of memory someone else holds (a module's parameter) is
+        # written from there: copying it to the spill file would only cost a write and a read back.
+        weights = np.ndim(array) >= 2 and _computed(data)
         if len(data) < _SAMPLE_FROM:
             digest = hashlib.blake2b(data, digest_size=20).digest() + str(len(data)).encode()
             idx = self._buffer_by_digest.get(digest)

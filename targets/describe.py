@@ -24,21 +24,34 @@ def _fmt_hist(hist: dict, indent="    ") -> list[str]:
 
 
 def describe_tflite(path: str) -> str:
-    from ai_edge_litert.interpreter import Interpreter
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+    from edge.tflite_check import TfliteFormatError, map_tflite
+
+    # Mapped, not read: a multi-GB model costs no memory to describe (only its tables are touched).
+    # A regular file, checked first: the interpreter trusts the flatbuffer (a bad one crashes it).
+    data = map_tflite(path, check=True)
+    try:
+        try:
+            # The interpreter maps the file too; without the default XNNPACK delegate it never
+            # repacks the weights (which would copy every one) just to list the signatures.
+            it = Interpreter(model_path=path,
+                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        except (RuntimeError, ValueError) as e:
+            raise TfliteFormatError(
+                f"{path}: the LiteRT interpreter refused the model: {one_line(e)}"
+            ) from e
+        return _describe_mapped(path, data, it)
+    finally:
+        data.close()
+
+
+def _describe_mapped(path, data, it) -> str:
     from edge import op_histogram
-    from edge.tflite_check import TfliteFormatError, read_tflite
 
     from .compat import compatibility
     from .registry import TARGETS
 
-    data = read_tflite(path)  # a regular file, checked: the interpreter trusts the flatbuffer (a bad one crashes it)
-    try:
-        it = Interpreter(model_content=data)
-    except (RuntimeError, ValueError) as e:
-        raise TfliteFormatError(
-            f"{path}: the LiteRT interpreter refused the model: {one_line(e)}"
-        ) from e
     lines = [f"{path}: LiteRT flatbuffer, {len(data):,} bytes"]
     for name in it.get_signature_list():
         runner = it.get_signature_runner(name)

@@ -278,3 +278,27 @@ def test_multi_target_convert_streams_the_same_files(tmp_path, monkeypatch):
             assert figs == {"accelerated": rep.accelerated_count, "fallback": rep.fallback, "total": rep.total}
     got = litert_torch.load(written["cpu"])(x)
     assert all(rel_err(g, w) < 1e-5 for g, w in zip(got, m(x)))
+
+
+def test_inspect_maps_the_file_instead_of_reading_it(tmp_path):
+    """`tpu-export inspect` of a 64 MiB .tflite allocates no copy of it (the file is mapped; the
+    interpreter maps it too), and still lists the signature and the ops."""
+    import tracemalloc
+
+    from targets.describe import describe_tflite
+
+    torch.manual_seed(0)
+    m, x = torch.nn.Linear(4096, 4096).eval(), torch.randn(1, 4096)
+    path = tmp_path / "big.tflite"
+    litert_torch.convert(m, (x,), output_file_path=path)
+    size = os.path.getsize(path)
+    assert size > 64 << 20
+    describe_tflite(str(path))  # imports and first-use caches outside the measurement
+    tracemalloc.start()
+    try:
+        text = describe_tflite(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < size // 16, f"describe allocated {peak:,} bytes for a {size:,}-byte file"
+    assert f"LiteRT flatbuffer, {size:,} bytes" in text and "FULLY_CONNECTED                  1" in text
