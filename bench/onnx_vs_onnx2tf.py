@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_VENV = os.path.join(ROOT, ".bench-venv-onnx2tf")
 sys.path.insert(0, ROOT)
@@ -66,14 +68,27 @@ def ensure_peer() -> str:
     return py
 
 
+class _Bert(torch.nn.Module):
+    """(ids, mask) -> (last hidden state, pooled): transformers' forward takes its keyword arguments positionally
+    in the TorchScript tracer (BertModel.forward() got multiple values for argument 'use_cache')."""
+
+    def __init__(self, bert):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, attention_mask):
+        out = self.bert(input_ids=input_ids, attention_mask=attention_mask, return_dict=True)
+        return out.last_hidden_state, out.pooler_output
+
+
 def export_onnx(name: str, path: str, exporter: str):
     """Export one real-size model; returns the torch inputs as numpy arrays (NCHW, int64 ids)."""
-    import torch
-
     from bench.real_models import build_real
 
     module, args = build_real(name)
     names = ["input_ids", "attention_mask"] if name == "bert_base" else ["x"]
+    if name == "bert_base":
+        module = _Bert(module)
     with torch.no_grad():
         if exporter == "torchscript17":
             torch.onnx.export(module, args, path, opset_version=17, dynamo=False, input_names=names)
@@ -164,11 +179,18 @@ def main():
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--exporter", default="torchscript17", choices=("torchscript17", "dynamo18"))
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--report", metavar="ROWS.jsonl", help="print the tables from rows a run wrote to stderr")
     ap.add_argument("--peers", default="peer,peer-tf",
                     help="peer: onnx2tf's default flatbuffer_direct backend; peer-tf: its tf_converter backend "
                          "(TensorFlow Lite's converter, minutes per model)")
     a = ap.parse_args()
     impls = ["ours"] + a.peers.split(",")
+    if a.report:
+        with open(a.report) as f:
+            rows = [json.loads(line) for line in f if line.startswith("{")]
+        for peer in impls[1:]:
+            report(rows, a.exporter, peer)
+        return
     import onnxruntime as ort
 
     from bench.edge_vs_litert_torch import compile_our_sources, latencies_ms
@@ -179,7 +201,11 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models.split(","):
             onnx_path = os.path.join(tmp, f"{name}.onnx")
-            inputs = export_onnx(name, onnx_path, a.exporter)
+            try:
+                inputs = export_onnx(name, onnx_path, a.exporter)
+            except Exception as e:  # noqa: BLE001 - a model torch cannot export is a row, not the end of the run
+                rows.append({"model": name, **{i: {"error": f"torch.onnx.export: {e}"[:200]} for i in impls}})
+                continue
             sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
             refs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
             del sess
@@ -219,7 +245,9 @@ def report(rows, exporter, peer):
     for r in rows:
         o, p = r["ours"], r.get(peer, {"error": "not run"})
         if "error" in o or "error" in p:
-            print(f"{r['model']:16s} ours: {o.get('error', 'ok')}  peer: {p.get('error', 'ok')}")
+            ours = o.get("error") or (f"ok ({o['convert_s']:.2f} s, {o['peak_rss_mb']:.0f} MB, "
+                                      f"{o['latency_ms']:.2f} ms, {o['transposes']} TRANSPOSE, err {o['rel_err']:.1e})")
+            print(f"{r['model']:16s} ours: {ours}  peer: {p.get('error', 'ok').splitlines()[0]}")
             continue
         speed.append(p["convert_s"] / o["convert_s"])
         lat.append(o["latency_ms"] / p["latency_ms"])
