@@ -34,6 +34,11 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
     axes = _slice_axes(x, specs, shrink)
     if axes is not None:
         return _slice_views(lw, x, axes, shape, perm)
+    window = _dynamic_window(x, specs, shrink)
+    if window is not None:  # unit-step windows on static dims of a dynamic tensor: SLICE, size -1 elsewhere
+        begin, size = window
+        ins = [lw.tensor(x), lw.const_tensor(begin, np.int32), lw.const_tensor(size, np.int32)]
+        return lw.op("SLICE", ins, shape, x.dtype, perm, version=_slice_version(x.rank, x.dtype))
     begin, end, strides = [], [], []
     bmask = emask = smask = 0
     for i, d in enumerate(x.perm):
@@ -116,6 +121,30 @@ def _slice_axes(x: Val, specs: dict, shrink) -> list | None:
         else:
             merged.append((n, b, k))
     return merged if len(merged) <= 5 else None
+
+
+def _dynamic_window(x: Val, specs: dict, shrink):
+    """(begin, size) over x's physical dims when x has dynamic dims and the slice is a unit-step window on static
+    dims only (rotary embeddings' halves, a head split): SLICE takes size -1 for "to the end", XNNPACK delegates
+    it (STRIDED_SLICE splits its graph). None otherwise."""
+    if x.static or shrink or x.rank > 5:
+        return None
+    begin, size = [], []
+    for d in x.perm:
+        n = x.shape[d]
+        if d not in specs:
+            begin.append(0)
+            size.append(-1 if n is None else n)
+            continue
+        s, e, st = specs[d]
+        if n is None or st != 1 or isinstance(s, SymVal) or isinstance(e, SymVal):
+            return None
+        r = range(n)[slice(0 if s is None else int(s), None if e is None or e >= _BIG else int(e))]
+        if len(r) == 0:
+            return None
+        begin.append(r.start)
+        size.append(len(r))
+    return begin, size
 
 
 def _slice_views(lw, x: Val, axes, shape, perm) -> Val:
