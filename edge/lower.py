@@ -57,6 +57,7 @@ class Lowerer(LoweringContextBase):
         self._tmp = 0
         self.symbols: dict = {}  # sympy symbol of a dynamic input dim -> its SymVal ("dim", input, d)
         self._dims: dict = {}  # (tensor, physical dim) -> int32 [1] tensor of that dim's run-time size
+        self._derived: set = set()  # symbols solved from a derived input dim ((dim - b) // a)
 
     # ------------------------------------------------------------------ current node
     def _dtype(self, torch_dtype) -> np.dtype:
@@ -92,6 +93,22 @@ class Lowerer(LoweringContextBase):
             return
         n = sym_binary(operator.sub, SymVal(None, ("dim", v, d)), int(b))
         self.symbols[s] = sym_binary(operator.floordiv, n, int(a)) if int(a) != 1 else n
+        self._derived.add(s)  # a computed value with a dim of exactly s replaces this arithmetic
+
+    def note_dims(self, v: Val, fake) -> None:
+        """A computed value's dynamic dims: a later size with the same expression (interpolate to a feature map's
+        size) reads it from v's shape (SHAPE + GATHER, known when the interpreter prepares) instead of
+        recomputing it with FLOOR_DIV / MUL from the inputs."""
+        if not isinstance(fake, torch.Tensor) or fake.dim() != v.rank:
+            return
+        for d, size in enumerate(fake.shape):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if v.shape[d] is None and expr is not None and (not expr.is_Symbol or expr in self._derived):
+                if expr in self._derived:
+                    self._derived.discard(expr)
+                    self.symbols[expr] = SymVal(None, ("dim", v, d))
+                else:
+                    self.symbols.setdefault(expr, SymVal(None, ("dim", v, d)))
 
     def sym(self, d):
         """A torch size (int or SymInt) as an int, or a SymVal computed from the inputs' dims."""
@@ -451,6 +468,8 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                     res = EDGE.call(EDGE.get(n.target), lw, args)
             if isinstance(res, Val):
                 res.users = len(n.users)
+                if not res.static and not res.is_const:
+                    lw.note_dims(res, n.meta.get("val"))
             env[n] = res
         elif n.op == "output":
             outs = []
