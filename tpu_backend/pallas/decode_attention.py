@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from .config import LANES, PallasConfig
 from .dispatch import is_static_shape, kernel_or_xla
 
-__all__ = ["decode_attention", "decode_reason", "kv_block", "visible_blocks", "repeat_factor", "unrepeat"]
+__all__ = ["decode_attention", "decode_reason", "cache_kernel_or_xla", "kv_block", "visible_blocks", "repeat_factor",
+           "unrepeat"]
 
 _KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
 _BLOCKS = (1024, 512, 256, LANES)
@@ -183,18 +184,25 @@ def _pallas_decode(q, k, v, mask, *, scale, interpret):
 def decode_attention(q, k, v, mask, *, scale=None, config: PallasConfig):
     """torch's scaled_dot_product_attention for one query token against the cache (see the module doc):
     the flash-decoding kernel on TPU, ``sdpa.xla_attention`` elsewhere (or when ``decode_reason`` says no)."""
+    return cache_kernel_or_xla("decode_attention", _pallas_decode, q, k, v, mask, scale=scale, config=config,
+                               reason=decode_reason(q, k, v, mask, config))
+
+
+def cache_kernel_or_xla(name: str, pallas_fn, q, k, v, mask, *, scale, config: PallasConfig, reason):
+    """Attention of q against the cache with an additive mask: ``pallas_fn`` (this module's decode kernel or
+    prefill_attention's) where ``kernel_or_xla`` takes the kernel (TPU, ``reason`` None), ``sdpa.xla_attention``
+    elsewhere; ``scale`` None is 1 / sqrt(head_dim), torch's default."""
     from .sdpa import xla_attention
 
     sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    reason = decode_reason(q, k, v, mask, config)
 
     def xla(q, k, v, m):
         return (xla_attention(q, k, v, mask=m, scale=sc),)
 
     def kernel(q, k, v, m):
-        return (_pallas_decode(q, k, v, m, scale=sc, interpret=config.interpret),)
+        return (pallas_fn(q, k, v, m, scale=sc, interpret=config.interpret),)
 
-    (out,) = kernel_or_xla("decode_attention", kernel, xla, (q, k, v, mask), config, reason)
+    (out,) = kernel_or_xla(name, kernel, xla, (q, k, v, mask), config, reason)
     return out
 
 

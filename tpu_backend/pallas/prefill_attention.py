@@ -16,14 +16,13 @@ XLA path does: ``prefill_attention(..., interpret=True)`` matches ``sdpa.xla_att
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 
 from .config import LANES, PallasConfig
-from .decode_attention import _MASKED_BELOW, kv_block
-from .dispatch import is_static_shape, kernel_or_xla
+from .decode_attention import _MASKED_BELOW, cache_kernel_or_xla, kv_block
+from .dispatch import is_static_shape
 
 __all__ = ["prefill_attention", "prefill_reason", "q_block"]
 
@@ -171,16 +170,5 @@ def _pallas_prefill(q, k, v, mask, *, scale, interpret):
 def prefill_attention(q, k, v, mask, *, scale=None, config: PallasConfig):
     """torch's scaled_dot_product_attention of T queries against the cache with an additive mask shared by the heads
     (see the module doc): the kernel on TPU, ``sdpa.xla_attention`` elsewhere (or when ``prefill_reason`` says no)."""
-    from .sdpa import xla_attention
-
-    sc = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    reason = prefill_reason(q, k, v, mask, config)
-
-    def xla(q, k, v, m):
-        return (xla_attention(q, k, v, mask=m, scale=sc),)
-
-    def kernel(q, k, v, m):
-        return (_pallas_prefill(q, k, v, m, scale=sc, interpret=config.interpret),)
-
-    (out,) = kernel_or_xla("prefill_attention", kernel, xla, (q, k, v, mask), config, reason)
-    return out
+    return cache_kernel_or_xla("prefill_attention", _pallas_prefill, q, k, v, mask, scale=scale, config=config,
+                               reason=prefill_reason(q, k, v, mask, config))
