@@ -63,8 +63,6 @@ def _text(m, vocab, seq_max):
 
 def build(name):
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
     Dim = torch.export.Dim
     if name == "bert":
@@ -84,30 +82,19 @@ def build(name):
         from transformers import WhisperConfig
         from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
+        from tests.zoo import WhisperFrames
+
         torch.manual_seed(0)
         cfg = WhisperConfig(d_model=512, encoder_layers=6, encoder_attention_heads=8, encoder_ffn_dim=2048)
         cfg._attn_implementation = "sdpa"
         enc = WhisperEncoder(cfg).eval()
 
-        class Frames(nn.Module):  # HF's forward takes exactly 3000 frames: positions sliced to the frames given
-            def __init__(self):
-                super().__init__()
-                self.enc = enc
-
-            def forward(self, input_features):
-                e = self.enc
-                x = F.gelu(e.conv2(F.gelu(e.conv1(input_features)))).permute(0, 2, 1)
-                x = x + e.embed_positions.weight[: x.shape[1]]
-                for layer in e.layers:
-                    x = layer(x, None)
-                return e.layer_norm(x)
-
         def kw(n, t):
             return {"input_features": torch.randn(n, 80, t, generator=torch.Generator().manual_seed(t))}
 
         half = Dim("half", min=2, max=1500)
-        return Frames().eval(), kw(2, 400), {"input_features": {0: Dim("batch", min=1, max=8), 2: 2 * half}}, \
-            kw(1, 1000)
+        dyn = {"input_features": {0: Dim("batch", min=1, max=8), 2: 2 * half}}
+        return WhisperFrames(enc).eval(), kw(2, 400), dyn, kw(1, 1000)
     if name == "wav2vec2":
         m = _hf("Wav2Vec2Config", "Wav2Vec2Model", apply_spec_augment=False)
 
@@ -122,9 +109,10 @@ def build(name):
         elif name == "unet":
             m = _unet()
         else:
+            from tests.zoo import NamedX
             from tests.zoo import build as zoo
 
-            m = _named_x(zoo(name)[0])
+            m = NamedX(zoo(name)[0]).eval()
 
         def kw(n, h, w=None):
             return {"x": torch.randn(n, 3, h, w or h, generator=torch.Generator().manual_seed(h))}
@@ -135,21 +123,6 @@ def build(name):
         hq, wq = Dim("hq", min=2, max=1024 // q), Dim("wq", min=2, max=1024 // q)
         return m, kw(2, 128), {"x": {0: Dim("batch", min=1, max=8), 2: q * hq, 3: q * wq}}, kw(1, 256)
     raise SystemExit(f"unknown model {name!r}; pick from {MODELS}")
-
-
-def _named_x(inner):
-    """The module with its one input named ``x`` (the kwargs the bench feeds)."""
-    from torch import nn
-
-    class Wrap(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = inner
-
-        def forward(self, x):
-            return self.m(x)
-
-    return Wrap().eval()
 
 
 def _vit():

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ZooEntry", "ZOO", "WIDE", "build", "build_wide", "batch_like", "param_bytes"]
+__all__ = ["ZooEntry", "ZOO", "WIDE", "build", "build_wide", "batch_like", "param_bytes", "NamedX", "WhisperFrames"]
 
 
 @dataclass
@@ -85,6 +85,35 @@ def param_bytes(m: nn.Module) -> int:
         seen.add(id(t))
         total += t.numel() * t.element_size()
     return total
+
+
+class NamedX(nn.Module):
+    """``m`` called with its one input as the keyword ``x`` (the name dynamic_shapes and the sample kwargs use)."""
+
+    def __init__(self, m: nn.Module):
+        super().__init__()
+        self.m = m
+
+    def forward(self, x):
+        return self.m(x)
+
+
+class WhisperFrames(nn.Module):
+    """transformers' WhisperEncoder (passed in) over the frames given: its forward refuses any length but
+    2 * max_source_positions frames (it adds every position embedding), so this runs its convs and layers with the
+    positions sliced to the frames' count, as shorter-than-30 s Whisper inference does."""
+
+    def __init__(self, enc):
+        super().__init__()
+        self.enc = enc
+
+    def forward(self, input_features):
+        e = self.enc
+        x = F.gelu(e.conv2(F.gelu(e.conv1(input_features)))).permute(0, 2, 1)
+        x = x + e.embed_positions.weight[: x.shape[1]]
+        for layer in e.layers:
+            x = layer(x, None)
+        return e.layer_norm(x)
 
 
 class RMSNorm(nn.Module):

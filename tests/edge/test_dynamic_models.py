@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.numerics import rel_err
+from tests.zoo import NamedX, WhisperFrames
 
 Dim = torch.export.Dim
 RTOL = 1e-4
@@ -126,24 +127,6 @@ def test_t5_encoder_dynamic_batch_and_seq():
     _check(m, _ids(100), SEQ_SIZES, _text_dims())
 
 
-class WhisperFrames(nn.Module):
-    """transformers' WhisperEncoder refuses any length but 2 * max_source_positions frames (it adds every
-    position embedding): its layers over the frames given, with the positions sliced to their count, as
-    shorter-than-30 s Whisper inference runs it."""
-
-    def __init__(self, enc):
-        super().__init__()
-        self.enc = enc
-
-    def forward(self, input_features):
-        e = self.enc
-        x = F.gelu(e.conv2(F.gelu(e.conv1(input_features)))).permute(0, 2, 1)
-        x = x + e.embed_positions.weight[: x.shape[1]]
-        for layer in e.layers:
-            x = layer(x, None)
-        return e.layer_norm(x)
-
-
 def test_whisper_encoder_dynamic_frames():
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
@@ -230,15 +213,7 @@ def test_fully_convolutional_dynamic_height_width(name):
                                                                               else 4, max=128 // q)
     dyn = {"x": {0: Dim("batch", min=1, max=2), 2: q * hq, 3: q * wq}}
 
-    class Wrap(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-
-        def forward(self, x):
-            return self.m(x)
-
-    _check(Wrap().eval(), make, _image_sizes(name), dyn)
+    _check(NamedX(m).eval(), make, _image_sizes(name), dyn)
 
 
 def test_vit_dynamic_batch():
@@ -246,18 +221,10 @@ def test_vit_dynamic_batch():
 
     m, (x,) = build("vit")
 
-    class Wrap(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.m = m
-
-        def forward(self, x):
-            return self.m(x)
-
     def make(b):
         return {"x": torch.randn(b, *x.shape[1:], generator=torch.Generator().manual_seed(b))}
 
-    _check(Wrap().eval(), make, [(2,), (1,), (16,), (5,)], {"x": {0: Dim("batch", min=1, max=16)}})
+    _check(NamedX(m).eval(), make, [(2,), (1,), (16,), (5,)], {"x": {0: Dim("batch", min=1, max=16)}})
 
 
 # quantized: the dims stay dynamic (shape_signature -1) and the model runs at every size. Bounds against
