@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -198,13 +197,10 @@ def worker(impl, name, mode, out):
 
 
 def run_worker(py, impl, name, mode, out):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([py, os.path.abspath(__file__), "--worker", impl, name, mode, out], capture_output=True,
-                       text=True, env=env, timeout=1800, cwd=tempfile.gettempdir())  # cwd: not this repo's package
-    for line in reversed(r.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:240]}
+    from _worker_json import run_json
+
+    return run_json([py, os.path.abspath(__file__), "--worker", impl, name, mode, out], timeout=1800,
+                    cwd=tempfile.gettempdir(), err_chars=240)  # cwd: not this repo's package
 
 
 # ---------------------------------------------------------------------------- latency

@@ -56,13 +56,9 @@ def compile_our_sources():
 
 
 def convert_in_subprocess(py, impl, model, out):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([py, os.path.join(ROOT, "bench", "_edge_worker.py"), impl, model, out],
-                       capture_output=True, text=True, env=env, timeout=900)
-    for line in reversed(r.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    from _worker_json import run_json
+
+    return run_json([py, os.path.join(ROOT, "bench", "_edge_worker.py"), impl, model, out], timeout=900)
 
 
 def median_run(infos: list) -> dict:

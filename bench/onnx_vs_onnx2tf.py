@@ -99,13 +99,10 @@ def export_onnx(name: str, path: str, exporter: str):
 
 
 def convert_in_subprocess(py, impl, onnx_path, out):
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run([py, os.path.join(ROOT, "bench", "_onnx_peer_worker.py"), impl, onnx_path, out],
-                       capture_output=True, text=True, env=env, timeout=1800)
-    for line in reversed(r.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:200]}
+    from _worker_json import run_json
+
+    return run_json([py, os.path.join(ROOT, "bench", "_onnx_peer_worker.py"), impl, onnx_path, out], timeout=1800,
+                    extra_env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 def _key(name: str) -> str:

@@ -29,7 +29,6 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,14 +127,12 @@ def worker(impl, name, out_dir, schemes, sizes) -> None:
 
 
 def convert_all(py, impl, name, out_dir, schemes, sizes) -> dict:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([py, os.path.abspath(__file__), "--worker", impl, name, out_dir, ",".join(schemes), sizes],
-                       capture_output=True, text=True, env=env, timeout=3600)
-    for line in reversed(r.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    err = (r.stderr.strip().splitlines() or ["?"])[-1][:200]
-    return {s: {"error": err} for s in schemes}
+    from _worker_json import run_json
+
+    made = run_json([py, os.path.abspath(__file__), "--worker", impl, name, out_dir, ",".join(schemes), sizes],
+                    timeout=3600)
+    # a worker that printed no result: its error stands for every scheme
+    return {s: dict(made) for s in schemes} if set(made) == {"error"} else made
 
 
 class Runner:
