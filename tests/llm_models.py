@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pathlib
 
-__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL", "TEXT", "VOCAB", "model_class", "save_model_dir", "tiny_config",
-           "tiny_model", "tiny_tokenizer"]
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL", "TEXT", "VOCAB", "greedy_reference", "model_class", "save_model_dir",
+           "tiny_config", "tiny_model", "tiny_tokenizer"]
 
 VOCAB = 256
 SPECIAL = {"pad": ("<pad>", 0), "bos": ("<bos>", 1), "eos": ("<eos>", 2), "unk": ("<unk>", 3)}
@@ -125,3 +125,19 @@ def save_model_dir(arch: str, path, seed: int = 0) -> pathlib.Path:
     model.save_pretrained(path, safe_serialization=True)
     tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def greedy_reference(model_dir, prompt: str, new_tokens: int) -> dict:
+    """transformers' own greedy continuation of ``prompt`` from a saved directory: {"tokens", "text"} (special
+    tokens kept in the text, as the LiteRT-LM engine prints them). Asserts no early stop, so a comparison covers
+    all ``new_tokens``."""
+    import torch
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        new = model.generate(ids, do_sample=False, max_new_tokens=new_tokens)[0, ids.shape[1]:].tolist()
+    assert len(new) == new_tokens  # no early eos
+    return {"tokens": new, "text": tok.decode(new, skip_special_tokens=False)}

@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("litert_lm")
 
 from litert_torch.generative import export_hf  # noqa: E402
-from tests.llm_models import save_model_dir  # noqa: E402
+from tests.llm_models import greedy_reference, save_model_dir  # noqa: E402
 from tpu_export.generators import EngineGenerator  # noqa: E402
 
 PROMPT = "hello world, hello"
@@ -26,15 +26,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def want(model_dir):
-    import torch
-
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    ids = tok(PROMPT, return_tensors="pt").input_ids
-    with torch.no_grad():
-        new = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, ids.shape[1]:].tolist()
-    assert len(new) == NEW
-    return tok.decode(new, skip_special_tokens=False)
+    return greedy_reference(model_dir, PROMPT, NEW)["text"]
 
 
 def _engine_text(path):

@@ -15,7 +15,7 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from tests.llm_models import save_model_dir  # noqa: E402
+from tests.llm_models import greedy_reference, save_model_dir  # noqa: E402
 from tpu_export.cli import main  # noqa: E402
 from tpu_export.generate import Sampling  # noqa: E402
 from tpu_export.generators import load_generator  # noqa: E402
@@ -32,16 +32,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
-    """transformers' own greedy continuation of PROMPT, as text."""
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    ids = tok(PROMPT, return_tensors="pt").input_ids
-    import torch
-
-    with torch.no_grad():
-        new = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, ids.shape[1]:].tolist()
-    assert len(new) == NEW  # no early eos: the comparison covers all 32 tokens
-    return {"tokens": new, "text": tok.decode(new, skip_special_tokens=False)}
+    """transformers' own greedy continuation of PROMPT (all 32 tokens: no early eos)."""
+    return greedy_reference(model_dir, PROMPT, NEW)
 
 
 @pytest.fixture(scope="module")
