@@ -176,8 +176,7 @@ class _grouped_query_sdpa:  # noqa: N801 - used as a context manager, like torch
     def __enter__(self):
         from transformers import AttentionInterface
 
-        if _GQA_SDPA not in AttentionInterface._global_mapping:
-            AttentionInterface.register(_GQA_SDPA, _gqa_sdpa_forward)
+        AttentionInterface.register(_GQA_SDPA, _gqa_sdpa_forward)  # idempotent: our name, our function
         self.saved = self.config._attn_implementation
         self.config._attn_implementation = _GQA_SDPA
         return self
