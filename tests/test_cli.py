@@ -1,5 +1,6 @@
 """The tpu-export command: help, targets, and one-line errors with non-zero exit codes."""
 
+import os
 import subprocess
 import sys
 
@@ -43,3 +44,31 @@ def test_bad_model_spec(capsys, tmp_path):
 def test_console_script_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "tpu_export.cli", "targets"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "tpu-v7x" in r.stdout
+
+
+def _compile_cache(out):
+    import json
+
+    (report,) = list(out.glob("tpu-v6e/model.tpuexp/compiled/*/report.json"))
+    return json.loads(report.read_text())["signatures"]["serving_default"]["compile_cache"]
+
+
+def test_cache_dir_makes_a_second_conversion_a_hit(tmp_path, monkeypatch):
+    """--cache-dir DIR is the AOT compile cache: the second conversion of the same model reuses the first's
+    executable (report.json says hit), and the variable it sets does not outlive the command."""
+    monkeypatch.delenv("TPU_EXPORT_AOT_CACHE", raising=False)
+    argv = ["convert", "tpu_export.demo_models:small_cnn", "--target", "tpu-v6e", "--topology", "1x1",
+            "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+    assert main(argv + ["-o", str(tmp_path / "a")]) == 0
+    assert _compile_cache(tmp_path / "a") == "miss" and any((tmp_path / "cache").rglob("*.exe"))
+    assert main(argv + ["-o", str(tmp_path / "b")]) == 0
+    assert _compile_cache(tmp_path / "b") == "hit"
+    assert "TPU_EXPORT_AOT_CACHE" not in os.environ
+
+
+def test_cache_dir_that_is_a_file_is_a_one_line_error(tmp_path, capsys):
+    f = tmp_path / "f"
+    f.write_text("")
+    rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "tpu-v6e", "--cache-dir", str(f),
+               "-o", str(tmp_path / "o"), "--quiet"])
+    assert rc == 2 and "--cache-dir" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -266,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "named dims stay dynamic")
     c.add_argument("--channel-last", action="store_true", help="edge: NHWC image inputs/outputs")
     c.add_argument("--strict", action="store_true", help="fail if any op falls back off the target's accelerator")
+    c.add_argument("--cache-dir", metavar="DIR",
+                   help="TPU targets: keep each AOT-compiled executable in DIR and reuse it when the same program is "
+                        "compiled again for the same slice and libtpu (report.json says compile_cache: hit); "
+                        "default: $TPU_EXPORT_AOT_CACHE, else none")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=cmd_convert)
 
@@ -315,7 +320,8 @@ def main(argv=None) -> int:
         warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
         warnings.showwarning = _show_warning
         try:
-            return args.fn(args)
+            with _aot_cache(getattr(args, "cache_dir", None)):
+                return args.fn(args)
         except KeyboardInterrupt:
             print("tpu-export: interrupted; nothing partial was left behind", file=sys.stderr)
             return 130
@@ -324,6 +330,28 @@ def main(argv=None) -> int:
                 raise
             _print_error(e)
             return 2 if isinstance(e, CliError) else 1
+
+
+@contextlib.contextmanager
+def _aot_cache(folder):
+    """--cache-dir DIR: the AOT compile cache for this command, as $TPU_EXPORT_AOT_CACHE is read by every
+    compile_for the targets make (restored after, for in-process callers)."""
+    if folder is None:
+        yield
+        return
+    from tpu_backend.compile_cache import ENV
+
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise CliError(f"--cache-dir {folder}: exists and is not a directory; give a folder (it is created if missing)")
+    before = os.environ.get(ENV)
+    os.environ[ENV] = os.path.abspath(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = before
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
