@@ -36,6 +36,14 @@ def render() -> str:
         static = ", ".join(str(i) for i in sorted(set(e.static) | set(e.maybe_static))) or "-"
         lines.append(f"| {e.domain or 'ai.onnx'} | {e.op_type} | {e.opsets()} | {family} | {attrs} | {static} |")
     lines += ["", f"{len({(e.domain, e.op_type) for e in entries})} ops.", ""]
+    from converter.onnx.fuse import FUSED_PATTERNS
+
+    lines += ["## Node patterns imported as one op", "",
+              "Folded after constant folding (converter/onnx/fuse.py) when the constants match by value and no",
+              "value inside the pattern has another consumer; otherwise the nodes are imported as written.", "",
+              "| pattern | nodes | imported as |", "|---|---|---|"]
+    lines += [f"| {name} | `{nodes}` | {as_} |" for name, nodes, as_ in FUSED_PATTERNS]
+    lines.append("")
     return "\n".join(lines)
 
 

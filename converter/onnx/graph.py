@@ -209,6 +209,10 @@ def build_graph(proto, inferred, where: str, opset: int) -> OnnxGraph:
                     out.consts[o] = v
         else:
             out.nodes.append((spec, ctx, attrs, names, list(node.output)))
+    from .fuse import fuse_gelu
+
+    # after folding, so that the patterns' constants (Constant nodes, initializers) are values to check
+    fuse_gelu(out, [o.name for o in g.output], table)
     return out
 
 
