@@ -50,13 +50,15 @@ def _fail(msg: str):
     raise LitertLmError(msg)
 
 
-def _tflite_bytes(tflite) -> bytes:
+def _tflite_data(tflite):
+    """The .tflite's bytes, or a read-only map of the file at a path (a multi-GB model is checked where it lies and
+    copied into the bundle by the builder, never read into memory)."""
     if isinstance(tflite, (bytes, bytearray, memoryview)):
         return bytes(tflite)
     if isinstance(tflite, (str, os.PathLike)):
-        from .tflite_check import read_tflite
+        from .tflite_check import map_tflite
 
-        return read_tflite(tflite)
+        return map_tflite(tflite)
     _fail(f"tflite: expected the .tflite's bytes or path, got {type(tflite).__name__}: pass "
           f"edge.convert_program(prog) of converter.llm.prepare_lm's program")
 
@@ -173,7 +175,8 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
                    authors: str = "tpu-export") -> str:
     """Write the ``.litertlm`` bundle at ``path`` (atomically) and return its path.
 
-    ``tflite``: the .tflite bytes or path (prefill_<L> / decode signatures of ``cache_spec``, batch 1);
+    ``tflite``: the .tflite bytes or path (prefill_<L> / decode signatures of ``cache_spec``, batch 1; a path is
+    mapped, not read, so a .tflite in the large-model form past 2 GiB bundles without its size in memory);
     ``tokenizer_json``: tokenizer.json bytes or path; ``stop_token_ids``: the ids that end a reply (eos);
     ``max_num_tokens``: the engine's context limit, prompt + reply, at most the cache length;
     ``prompt_template``: the jinja chat template (None: the engine formats no turns);
@@ -195,11 +198,15 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
             not 1 <= max_num_tokens <= cache_spec.cache_len:
         _fail(f"max_num_tokens: {max_num_tokens!r} must be an int in [1, {cache_spec.cache_len}] (the cache length "
               f"bounds prompt + reply): lower it or re-export with a longer cache")
-    data = _tflite_bytes(tflite)
+    data = _tflite_data(tflite)
     from .tflite_check import check_tflite
 
-    check_tflite(data, "tflite")
-    vocab = _check_signatures(_signatures(data), cache_spec)
+    try:
+        check_tflite(data, "tflite")
+        vocab = _check_signatures(_signatures(data), cache_spec)
+    finally:
+        if not isinstance(data, bytes):
+            data.close()
     tok = _tokenizer_bytes(tokenizer_json)
     stops = _token_ids("stop_token_ids", stop_token_ids, vocab)
     start = _token_ids("start_token_id", start_token_id, vocab, allow_none=True)
@@ -232,8 +239,12 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
     stage = staging_dir(os.fspath(path) + ".parts")
     try:
         files = {}
-        parts = {"model.tflite": data, "tokenizer.json": tok, "llm_metadata.pb": llm.SerializeToString(),
+        parts = {"tokenizer.json": tok, "llm_metadata.pb": llm.SerializeToString(),
                  "executor_metadata.pb": ex.SerializeToString()}
+        if isinstance(data, bytes):
+            parts["model.tflite"] = data
+        else:  # a file: the builder copies it into the bundle itself (sendfile), no staged copy
+            files["model.tflite"] = os.path.abspath(os.fspath(tflite))
         for name, blob in parts.items():
             files[name] = write_file(os.path.join(stage, name), blob)
         b = lb.LitertLmFileBuilder()

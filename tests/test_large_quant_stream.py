@@ -1,0 +1,113 @@
+"""Quantize while streaming (#16): int8 and int4 blockwise weights and embedding tables computed tensor by tensor as
+the .tflite is written give the bytes, scales and outputs of ai-edge-quantizer's in-memory pass on the same model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import litert_torch
+from tests.numerics import rel_err
+
+
+class TinyLm(torch.nn.Module):
+    """An embedding table tied to the output projection (read by the lookup and by a FULLY_CONNECTED), two linears."""
+
+    def __init__(self, vocab=320, dim=64, hidden=96):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, dim)
+        self.up = torch.nn.Linear(dim, hidden)
+        self.down = torch.nn.Linear(hidden, dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        return self.head(h + self.down(torch.nn.functional.gelu(self.up(h))))
+
+
+def _quantized(data, subgraph: int = 0) -> dict:
+    """{tensor name: (type, raw bytes, scales, quantized dim, block size, blockwise scales)}: the quantized ones."""
+    from edge.inspect import read_model
+
+    mt = read_model(data)
+    sg = mt.subgraphs[subgraph]
+
+    def raw(t):
+        buf = mt.buffers[t.buffer]  # the quantizer writes the large-model form (data after the flatbuffer)
+        return bytes(buf.data) if buf.data is not None else bytes(data[buf.offset:buf.offset + buf.size])
+
+    out = {}
+    for t in sg.tensors:
+        qp = t.quantization
+        if t.type not in (9, 17) or qp is None:  # INT8, INT4
+            continue
+        block = qp.details
+        out[t.name.decode()] = (t.type, raw(t), None if qp.scale is None else np.asarray(qp.scale).tolist(),
+                                qp.quantizedDimension, block and block.blockSize,
+                                block and (sg.tensors[block.scales].type, raw(sg.tensors[block.scales])))
+    return out
+
+
+@pytest.mark.parametrize("scheme,kind", [("dynamic_int8", 9), ("dynamic_int4_block32", 17)])
+def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatch, scheme, kind):
+    from edge.quantize import quantize_tflite
+    from litert_torch import _large
+
+    torch.manual_seed(0)
+    m, ids = TinyLm().eval(), torch.randint(0, 320, (1, 8))
+    if kind == 9:  # an all-zero row: the quantizer's 1e-9 range floor, not a divide by zero (under int4 the scale
+        with torch.no_grad():  # rounds to float16 0, which XNNPACK refuses in the quantizer's model too)
+            m.up.weight[5].zero_()
+    float_bytes = litert_torch.convert(m, (ids,)).tflite_model()
+    theirs = litert_torch.Model(quantize_tflite(float_bytes, scheme))
+    monkeypatch.setattr(_large, "_STREAM_QUANT_FROM", 0)  # the 1 GiB threshold, for a 130 KB model
+    ours = litert_torch.convert(m, (ids,), quant_config=scheme, output_file_path=tmp_path / "q.tflite")
+    a, b = _quantized(ours.tflite_model()), _quantized(theirs.tflite_model())
+    assert sorted(a) == sorted(b) == ["down.weight", "emb.weight", "up.weight"]
+    for name in a:
+        assert a[name][0] == kind and a[name][1:] == b[name][1:], name
+    size = len(ours.tflite_model())
+    assert size < len(float_bytes) / (3 if kind == 9 else 5) and abs(size - len(theirs.tflite_model())) < 2048
+    got, want = ours(ids), theirs(ids)
+    assert np.array_equal(np.asarray(got), np.asarray(want))
+    assert rel_err(got, m(ids)) < (0.02 if kind == 9 else 0.2)
+
+
+@pytest.mark.parametrize("scheme", [None, "dynamic_int8", "dynamic_int4_block32"])
+def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatch, scheme):
+    """convert-lm past its streaming threshold (lowered here to 0): model.tflite is written tensor by tensor, quantized
+    as it goes, and bundled from the file. Float: the in-memory path's bytes; quantized: the quantizer's weights in
+    every signature, and the LiteRT-LM engine replies with the in-memory bundle's greedy text. Gemma 3: a tied,
+    scaled embedding table read by the lookup and the logits projection; Llama under int4 (Gemma's padding row is
+    all zeros, its int4 scale rounds to float16 0 and XNNPACK refuses the logits projection, in either path)."""
+    litert_lm = pytest.importorskip("litert_lm")
+    from targets import lm_stream
+    from targets.lm import convert_lm
+    from tests.llm_models import save_model_dir
+
+    arch = "llama" if scheme == "dynamic_int4_block32" else "gemma3"
+    d = save_model_dir(arch, tmp_path / arch)
+    kw = dict(prefill_lengths=(8,), cache_len=64, quantize=scheme)
+    mem = convert_lm(d, ["android"], tmp_path / "mem", **kw)["android"]
+    monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
+    lines = []
+    ours = convert_lm(d, ["android"], tmp_path / "ours", progress=lines.append, **kw)["android"]
+    assert any("streamed" in line for line in lines)
+    a, b = (open(w["model.tflite"], "rb").read() for w in (ours, mem))
+    if scheme is None:
+        assert a == b
+        return
+    for sg in (0, 1):  # prefill_8 and decode; the quantizer renames repeated names, so compare the values
+        assert sorted(_quantized(a, sg).values()) == sorted(_quantized(b, sg).values())
+        assert len(_quantized(a, sg)) >= 2 * 5 + 1  # 2 layers x (qkv, o, gate, up, down) at least + the table
+
+    def reply(path):
+        engine = litert_lm.Engine(str(path), max_num_tokens=64)
+        session = engine.create_session(apply_prompt_template=False, sampler_config=litert_lm.SamplerConfig(top_k=1),
+                                        max_output_tokens=24)
+        session.run_prefill(["hello world, the cache holds keys"])
+        return session.run_decode().texts[0]
+
+    assert reply(ours["model.litertlm"]) == reply(mem["model.litertlm"])
