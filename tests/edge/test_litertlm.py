@@ -49,6 +49,13 @@ def bundles(tmp_path_factory):
                               stop_token_ids=[EOS], max_num_tokens=CACHE, cache_spec=spec,
                               prompt_template=CHAT_TEMPLATE)
         out[arch] = (model, lite, spec, path, d)
+        if arch == "llama":  # the same model in the large-model form (data after the flatbuffer), bundled from a path
+            from edge.convert import write_program
+
+            large = write_program(prog, root / "llama_large.tflite", large=True)
+            out["llama_large"] = (model, large, spec, write_litertlm(
+                root / "llama_large.litertlm", large, tokenizer_json=d / "tokenizer.json", stop_token_ids=[EOS],
+                max_num_tokens=CACHE, cache_spec=spec, prompt_template=CHAT_TEMPLATE), d)
     return out
 
 
@@ -74,6 +81,26 @@ def test_engine_generates_like_our_loop_and_transformers(bundles, arch, prompt):
         assert greedy_generate(litert_torch.Model(lite), spec, ids, NEW, eos_token_id=EOS) == want
     # the engine answers text (no ids); the Gemma 3 cases run past its 8-token sliding window
     assert _engine_reply(path, PROMPTS[prompt]) == tok.decode(want)
+
+
+def test_a_large_model_form_tflite_runs_in_the_engine(bundles):
+    """The .tflite past 2 GiB is in the large-model form (Buffer.offset/size after the flatbuffer): forced on the tiny
+    Llama, the bundle holds it as written (offsets from the TFLite section's start) and the engine replies with
+    transformers' greedy tokens, as from the classic form."""
+    model, large, _, path, _ = bundles["llama_large"]
+    with open(large, "rb") as f:
+        data = f.read()
+    assert data != bundles["llama"][1] and abs(len(data) - len(bundles["llama"][1])) < 65536
+    tok = tiny_tokenizer()
+    ids = tok(PROMPTS["two_chunks"]).input_ids
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW)[0, len(ids):].tolist()
+    sections = {s["type"]: s for s in read_litertlm(path)["sections"]}
+    begin, end = sections["TFLiteModel"]["begin"], sections["TFLiteModel"]["end"]
+    with open(path, "rb") as f:
+        f.seek(begin)
+        assert end - begin == len(data) and f.read(len(data)) == data  # copied as is
+    assert _engine_reply(path, PROMPTS["two_chunks"]) == tok.decode(want)
 
 
 def test_peek_lists_the_sections(bundles):
