@@ -33,11 +33,15 @@ class EdgeBackend:
             opts = dataclasses.replace(opts, name=target.name)
         written = package_edge(target, prog, os.path.join(out_dir, target.name), opts, say)
         main = next(p for f, p in written.items() if f.endswith(".tflite"))
-        with open(main, "rb") as f:
-            tflite = f.read()
+        from edge.tflite_check import map_tflite
+
+        tflite = map_tflite(main)  # the figures read the tables, never the weights: a map, not a copy of the file
+        try:
+            reports = [compatibility(tflite, target, delegate=d) for d in target.delegates]
+        finally:
+            tflite.close()
         info = {"files": sorted(written), "compatibility": {}}
-        for d in target.delegates:
-            rep = compatibility(tflite, target, delegate=d)
+        for d, rep in zip(target.delegates, reports):
             info["compatibility"][d] = {"accelerated": rep.accelerated_count, "fallback": rep.fallback,
                                         "total": rep.total}
         return main, info
