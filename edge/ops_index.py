@@ -188,10 +188,31 @@ def _scatter_nd(lw, coords: Val, updates: Val, shape, dtype) -> Val:
     return lw.op("SCATTER_ND", ins, tuple(shape), dtype, suffix="scatter")
 
 
+def _last_writes(lw, coords: Val, updates: Val) -> tuple[Val, Val]:
+    """Constant coordinates with the repeated ones dropped but their last write: SCATTER_ND adds the updates of
+    a coordinate given twice, where torch (and onnxruntime's ScatterElements) write in index order, so the last
+    one stays. The updates kept are gathered (or sliced at conversion time when constant)."""
+    k = coords.shape[-1]
+    flat = coords.const.reshape(-1, k)
+    _, first_of_reversed = np.unique(flat[::-1], axis=0, return_index=True)
+    keep = np.sort(len(flat) - 1 - first_of_reversed)
+    if len(keep) == len(flat):
+        return coords, updates
+    coords = lw.const(np.ascontiguousarray(flat[keep]))
+    if updates.is_const:
+        return coords, lw.const(np.ascontiguousarray(updates.const.reshape(-1)[keep]))
+    upd = lw.reshape(plain(lw, updates), [len(flat)])
+    ins = [lw.tensor(upd), lw.const_tensor(keep.astype(np.int32))]
+    return coords, lw.op("GATHER", ins, (len(keep),), upd.dtype, None, lw.options("Gather", axis=0),
+                         suffix="last_writes")
+
+
 def _write(lw, x: Val, coords: Val, updates: Val, accumulate: bool) -> Val:
     """x with ``updates`` written (or added) at ``coords``; runs in the plain layout."""
     x = plain(lw, x)
     dtype = x.dtype
+    if not accumulate and coords.is_const:
+        coords, updates = _last_writes(lw, coords, updates)
     scattered = _scatter_nd(lw, coords, updates, x.shape, dtype)
     if accumulate:
         return lw.op("ADD", [lw.tensor(x), lw.tensor(scattered)], x.shape, dtype, opts=lw.options("Add"))
@@ -206,7 +227,7 @@ def _dim_coords(lw, index: Val, dim: int) -> Val:
     """[*index.shape, rank] coordinates of scatter/gather along ``dim``: the index there, the
     position elsewhere."""
     shape = tuple(index.shape)
-    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij")
+    grids = list(np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij"))  # numpy 2: a tuple
     idx = lw.cast(index, np.int32)
     if idx.is_const:
         grids[dim] = idx.const

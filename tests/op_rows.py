@@ -773,6 +773,13 @@ row("dt_u8_where", torch.where, bools(*D), ints(*D, lo=0, hi=250, dtype=torch.ui
 row("dt_u8_reshape", lambda x: x.reshape(4, 6), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
 row("dt_u8_transpose", lambda x: x.transpose(0, 2), ints(*D, lo=0, hi=250, dtype=torch.uint8), kind="int")
 row("dt_u8_to_f32", lambda x: x.to(torch.float32), ints(*D, lo=0, hi=250, dtype=torch.uint8))
+# scatter with a constant index (a buffer, as a model holds it): coordinates built at conversion time; a
+# coordinate written twice keeps its last write, as torch's CPU kernel does (SCATTER_ND alone would add them)
+_SCATTER_IDX = torch.tensor([[1, 0, 3], [2, 4, 0]])
+_SCATTER_IDX_REPEATED = torch.tensor([[1, 0, 1], [2, 2, 0]])
+row("scatter_src_const_index", lambda x, s: x.scatter(1, _SCATTER_IDX, s), r(3, 5), r(2, 4))
+row("scatter_src_const_index_repeated", lambda x, s: x.scatter(1, _SCATTER_IDX_REPEATED, s), r(3, 5), r(2, 3))
+row("scatter_value_const_index_repeated", lambda x: x.scatter(0, _SCATTER_IDX_REPEATED, -2.5), r(3, 5))
 
 
 # --------------------------------------------------------------------------------------
