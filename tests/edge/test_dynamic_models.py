@@ -216,6 +216,55 @@ def test_fully_convolutional_dynamic_height_width(name):
     _check(NamedX(m).eval(), make, _image_sizes(name), dyn)
 
 
+class _Upsample(nn.Module):
+    """Bilinear upsampling by an integer factor k of a dynamic size: ``size=x.shape[-2:]`` from a stride-k
+    feature map, or ``scale_factor=k``."""
+
+    def __init__(self, k, by_size):
+        super().__init__()
+        self.k, self.by_size = k, by_size
+
+    def forward(self, x):
+        if self.by_size:
+            return F.interpolate(F.avg_pool2d(x, self.k), size=x.shape[-2:], mode="bilinear", align_corners=False)
+        return F.interpolate(x, scale_factor=self.k, mode="bilinear", align_corners=False)
+
+
+@pytest.mark.parametrize("k,by_size", [(8, True), (2, True), (3, False)])
+def test_dynamic_integer_upsampling_runs_in_xnnpack_ops(k, by_size):
+    """A resize to a dynamic size k times the input's is written as edge pad + channel copies + depthwise 3x3 +
+    DEPTH_TO_SPACE (XNNPACK delegates RESIZE_BILINEAR only with a constant size): no RESIZE_BILINEAR is left,
+    and the file matches torch at every size with XNNPACK and with the builtin kernels alone."""
+    import ai_edge_litert.interpreter as tfl
+
+    from edge.inspect import op_histogram
+
+    q = k if by_size else 1
+    dyn = {"x": {0: Dim("batch", min=1, max=3), 2: q * Dim("hq", min=1, max=64 // q),
+                 3: q * Dim("wq", min=1, max=64 // q)}}
+
+    def make(b, h, w):
+        return {"x": torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(b * h * w))}
+
+    sizes = [(2, 2 * q, 3 * q), (1, q, q), (3, 64 // q * q, 64 // q * q), (1, 5 * q, 2 * q)]
+    module = NamedX(_Upsample(k, by_size)).eval()
+    model = _check(module, make, sizes, dyn)
+    hist = op_histogram(model.tflite_model())
+    assert "RESIZE_BILINEAR" not in hist and hist.get("DEPTH_TO_SPACE") == 1, hist
+    it = tfl.Interpreter(model_content=model.tflite_model(),
+                         experimental_op_resolver_type=tfl.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    for size in sizes:
+        x = make(*size)["x"]
+        it.resize_tensor_input(it.get_input_details()[0]["index"], list(x.shape), strict=True)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x.numpy())
+        it.invoke()
+        with torch.no_grad():
+            want = module(x=x).double().numpy()
+        err = rel_err(it.get_tensor(it.get_output_details()[0]["index"]).astype(np.float64), want)
+        assert err <= RTOL, f"k={k} at {size} (builtin kernels): rel err {err:.3g}"
+
+
 def test_vit_dynamic_batch():
     from tests.zoo import build
 
