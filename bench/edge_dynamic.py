@@ -10,8 +10,11 @@ conversion in a fresh process:
   dynamic (batch + sequence, frames, samples, height x width, or batch for ViT): conversion time, or
   the first line of the error;
 - ours with every dim static at a fixed size, then our dynamic and static .tflite files at that size in
-  the LiteRT interpreter (1 thread, XNNPACK; inputs resized once, then set + invoke), median of
-  --runs in alternating blocks of 5: the ratio dynamic / static (goal <= 1.05), and rel err vs torch.
+  the LiteRT interpreter (1 thread, XNNPACK; inputs resized once, then set + invoke), --runs calls each,
+  the two files alternating call by call: medians of the calling thread's CPU time (time.thread_time: on
+  a shared, loaded host the wall clock mostly measures waiting for a core; with 1 thread the interpreter
+  runs in the calling thread) and of the wall time, the ratio dynamic / static of each (goal <= 1.05), and
+  rel err vs torch. --skip-peer leaves out the peer's conversions (~1-2 min each).
 """
 
 from __future__ import annotations
@@ -224,7 +227,7 @@ class Timed:
             self.feed.append((d["index"], np.ascontiguousarray(x)))
         self.it.allocate_tensors()
         self.out_index = self.it.get_output_details()[0]["index"]
-        self.times = []
+        self.times, self.cpu = [], []
         for _ in range(2):
             self._run()
 
@@ -235,9 +238,10 @@ class Timed:
 
     def block(self, n):
         for _ in range(n):
-            t = time.perf_counter()
+            c, t = time.thread_time(), time.perf_counter()
             self._run()
             self.times.append((time.perf_counter() - t) * 1e3)
+            self.cpu.append((time.thread_time() - c) * 1e3)
 
     def output(self):
         return self.it.get_tensor(self.out_index)
@@ -271,13 +275,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--skip-peer", action="store_true", help="convert with ours only")
     a = ap.parse_args()
     import numpy as np
     import torch
 
     from bench.edge_vs_litert_torch import compile_our_sources, ensure_peer
 
-    peer_py = ensure_peer()
+    peer_py = None if a.skip_peer else ensure_peer()
     compile_our_sources()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -286,31 +291,37 @@ def main():
             for key, py, impl, mode in (("peer", peer_py, "peer", "dynamic"),
                                         ("ours", sys.executable, "ours", "dynamic"),
                                         ("static", sys.executable, "ours", "static")):
+                if py is None:
+                    row[key] = {"error": "skipped (--skip-peer)"}
+                    continue
                 row[key] = run_worker(py, impl, name, mode, os.path.join(tmp, f"{name}.{key}.tflite"))
             module, _, _, fixed = build(name)
             with torch.no_grad():
                 out = module(**fixed)
             ref = (out if isinstance(out, torch.Tensor) else out[0]).double().numpy()
-            if "error" not in row["peer"]:
+            if "error" not in row["peer"] and not a.skip_peer:
                 row["peer"].update(probe(os.path.join(tmp, f"{name}.peer.tflite"), fixed, ref))
             if "error" not in row["ours"] and "error" not in row["static"]:
                 timed = {k: Timed(os.path.join(tmp, f"{name}.{k}.tflite"), fixed) for k in ("ours", "static")}
-                for _ in range(max(1, a.runs // 5)):
+                for _ in range(a.runs):
                     for t in timed.values():
-                        t.block(5)
+                        t.block(1)
                 for k, t in timed.items():
                     got = t.output().astype(np.float64)
                     row[k]["latency_ms"] = statistics.median(t.times)
+                    row[k]["cpu_ms"] = statistics.median(t.cpu)
                     row[k]["rel_err"] = float(np.abs(got - ref).max() / np.abs(ref).max())
                 row["dyn_over_static"] = row["ours"]["latency_ms"] / row["static"]["latency_ms"]
+                row["dyn_over_static_cpu"] = row["ours"]["cpu_ms"] / row["static"]["cpu_ms"]
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     report(rows)
 
 
 def report(rows):
-    print(f"{'model':16s} {'ours dyn conv s':>15s} {'static conv s':>13s} {'dyn ms':>8s} {'static ms':>9s} "
-          f"{'dyn/static':>10s} {'err dyn':>8s}  peer (dynamic dims)")
+    print(f"{'model':16s} {'ours dyn conv s':>15s} {'static conv s':>13s} {'dyn cpu ms':>10s} {'static cpu':>10s} "
+          f"{'dyn/static':>10s} {'dyn ms':>8s} {'static ms':>9s} {'wall d/s':>8s} {'err dyn':>8s}  "
+          f"peer (dynamic dims)")
     for r in rows:
         o, s, p = r["ours"], r["static"], r["peer"]
         peer = (f"converts in {p['convert_s']:.1f} s, inputs {p['shape_signature']}, at the fixed size: "
@@ -318,8 +329,9 @@ def report(rows):
         if "error" in o or "error" in s:
             print(f"{r['model']:16s} ours: {o.get('error', 'ok')[:100]} static: {s.get('error', 'ok')[:60]}  {peer}")
             continue
-        print(f"{r['model']:16s} {o['convert_s']:15.1f} {s['convert_s']:13.1f} {o['latency_ms']:8.2f} "
-              f"{s['latency_ms']:9.2f} {r['dyn_over_static']:10.3f} {o['rel_err']:8.1e}  {peer}")
+        print(f"{r['model']:16s} {o['convert_s']:15.1f} {s['convert_s']:13.1f} {o['cpu_ms']:10.2f} "
+              f"{s['cpu_ms']:10.2f} {r['dyn_over_static_cpu']:10.3f} {o['latency_ms']:8.2f} {s['latency_ms']:9.2f} "
+              f"{r['dyn_over_static']:8.3f} {o['rel_err']:8.1e}  {peer}")
 
 
 if __name__ == "__main__":
