@@ -1,6 +1,7 @@
 """One conversion in a fresh process (ours or the peer's), so time and peak RSS are its own.
 
-Usage: python bench/_edge_worker.py {ours|peer|export-only} MODEL OUT.tflite  -> prints one JSON line.
+Usage: python bench/_edge_worker.py {ours|peer|export-only} MODEL OUT.tflite [real|tiny]  -> one JSON line.
+MODEL: a name in bench/real_models.py (real, the default) or tests/zoo.py (tiny).
 Runs under the project venv (ours) or the peer's venv (Google's litert-torch, same module name).
 """
 
@@ -16,13 +17,23 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def main():
     impl, name, out = sys.argv[1:4]
+    size = sys.argv[4] if len(sys.argv) > 4 else "real"
     t_start = time.perf_counter()
     import torch
 
     import litert_torch  # ours or Google's, by venv
-    from tests.zoo import build
 
-    module, args = build(name)
+    if size == "tiny":
+        from tests.zoo import build
+
+        module, args = build(name)
+    else:
+        from bench.real_models import build_real
+
+        module, args = build_real(name)
+        # real_models puts the repo first on the path; the peer's own modules must keep winning after this
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        sys.path[:] = [p for p in sys.path if p != root] + [root]
     t0 = time.perf_counter()
     if impl == "export-only":
         # The floor of any torch.export-based converter in a fresh process: importing torch.export's

@@ -1,6 +1,11 @@
 """Edge path vs Google's litert-torch 0.10.0, side by side in one run.
 
-    .venv/bin/python bench/edge_vs_litert_torch.py [--models resnet18,vit] [--runs 60] [--conversions 3]
+    .venv/bin/python bench/edge_vs_litert_torch.py [--models resnet18,vit_b_16] [--runs 60] [--conversions 3]
+                                                   [--tiny]
+
+Models: real sizes by default (bench/real_models.py: torchvision's architectures at their published
+widths, 224x224, batch 1, random weights; bert_base at 128 tokens); ``--tiny`` takes the tests' tiny zoo
+(tests/zoo.py, where conversion time is mostly fixed cost and latency hides the convolutions).
 
 Installs litert-torch 0.10.0 into its own venv (.bench-venv-peer; it owns the module name
 `litert_torch`) and converts each model with both in fresh subprocesses: conversion wall time and
@@ -32,7 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_VENV = os.path.join(ROOT, ".bench-venv-peer")
 sys.path.insert(0, ROOT)
 
-DEFAULT_MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet", "shufflenet_v2", "squeezenet",
+REAL_MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16", "swin_t", "bert_base"]
+TINY_MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet", "shufflenet_v2", "squeezenet",
                   "regnet", "convnext", "densenet", "deeplabv3", "lraspp", "vit", "swin", "bert", "llama", "t5"]
 
 
@@ -55,10 +61,21 @@ def compile_our_sources():
         compileall.compile_dir(os.path.join(ROOT, pkg), quiet=1)
 
 
-def convert_in_subprocess(py, impl, model, out):
+def convert_in_subprocess(py, impl, model, out, size="real"):
     from _worker_json import run_json
 
-    return run_json([py, os.path.join(ROOT, "bench", "_edge_worker.py"), impl, model, out], timeout=900)
+    return run_json([py, os.path.join(ROOT, "bench", "_edge_worker.py"), impl, model, out, size], timeout=1800)
+
+
+def build(name, size):
+    """The same builders the worker uses (bench/_edge_worker.py build)."""
+    if size == "tiny":
+        from tests.zoo import build as tiny
+
+        return tiny(name)
+    from bench.real_models import build_real
+
+    return build_real(name)
 
 
 def median_run(infos: list) -> dict:
@@ -124,22 +141,23 @@ def rel_err(outs: dict, ref) -> float:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--models", default=None)
+    ap.add_argument("--tiny", action="store_true", help="the tests' tiny zoo instead of the real sizes")
     ap.add_argument("--runs", type=int, default=60)
     ap.add_argument("--conversions", type=int, default=3, help="fresh-process conversions per model and converter")
     a = ap.parse_args()
     import numpy as np
     import torch
 
-    from tests.zoo import build
-
+    size = "tiny" if a.tiny else "real"
+    models = a.models or ",".join(TINY_MODELS if a.tiny else REAL_MODELS)
     peer_py = ensure_peer()
     compile_our_sources()
     ours_py = sys.executable
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in a.models.split(","):
-            module, args = build(name)
+        for name in models.split(","):
+            module, args = build(name, size)
             with torch.no_grad():
                 ref = module(*args)
             params = list(inspect.signature(module.forward).parameters)
@@ -150,7 +168,8 @@ def main():
                 row[key] = []
             for _ in range(a.conversions):  # interleaved, so that load on the machine hits all three alike
                 for key, py, impl in workers:
-                    row[key].append(convert_in_subprocess(py, impl, name, os.path.join(tmp, f"{name}.{key}.tflite")))
+                    row[key].append(convert_in_subprocess(py, impl, name, os.path.join(tmp, f"{name}.{key}.tflite"),
+                                                         size))
             for key, _, _ in workers:
                 row[key] = median_run(row[key])
             timed = {}
