@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SCHEMES", "QuantConfig", "QuantizationError", "as_quant_config", "recipe_for", "quantize_tflite",
-           "calibration_feeds", "unique_tensor_names"]
+           "calibration_feeds", "unique_tensor_names", "prepare_tflite"]
 
 SCHEMES = ("dynamic_int8", "weight_only_int8", "weight_only_int4", "dynamic_int4_block32", "fp16", "static_int8")
 _ALIASES = {"float16": "fp16", "int8": "static_int8", "full_int8": "static_int8", "dynamic": "dynamic_int8"}
@@ -143,8 +143,21 @@ def _quantizes_embeddings(config: QuantConfig, recipe: list) -> bool:
     return any(e.get("operation") in ("*", "EMBEDDING_LOOKUP") for e in recipe)
 
 
+def prepare_tflite(tflite: bytes, config) -> bytes | bytearray:
+    """The float ``tflite`` as ``quantize_tflite`` hands it to the quantizer for ``config``: tensor names unique and,
+    when the recipe quantizes them, GATHER tables as EMBEDDING_LOOKUP (edge/quantize_prep.py); ``tflite`` itself
+    when nothing needs rewriting. A caller that drops its float bytes once this returns and passes the result to
+    ``quantize_tflite`` (which then finds nothing left to rewrite) holds one copy of the model while quantizing,
+    not two."""
+    from .quantize_prep import prepare_for_quantizer
+
+    config = as_quant_config(config)
+    data = tflite if isinstance(tflite, (bytes, bytearray)) else bytes(tflite)  # no copy of a prepared bytearray
+    return prepare_for_quantizer(data, embedding_lookup=_quantizes_embeddings(config, recipe_for(config)))
+
+
 def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> bytes:
-    """Apply ``config``'s recipe to the float ``tflite``.
+    """Apply ``config``'s recipe to the float ``tflite`` (as it is or as ``prepare_tflite`` gave it).
 
     ``calibration``: {signature name: [{input name: array in the .tflite's layout and dtype}, ...]}
     (see ``calibration_feeds``), required when the config quantizes activations.
@@ -152,10 +165,8 @@ def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> b
     from ai_edge_quantizer import quantizer
 
     config = as_quant_config(config)
-    from .quantize_prep import prepare_for_quantizer
-
     recipe = recipe_for(config)
-    model = prepare_for_quantizer(bytes(tflite), embedding_lookup=_quantizes_embeddings(config, recipe))
+    model = prepare_tflite(tflite, config)
     q = quantizer.Quantizer(model if isinstance(model, bytearray) else bytearray(model), recipe)
     if q.need_calibration and not calibration:
         raise QuantizationError(f"{config.scheme} quantizes activations and needs calibration data: "
