@@ -7,6 +7,8 @@ FULLY_CONNECTED weight and to an embedding table, byte for byte:
 - ``dynamic_int8``: symmetric per-output-channel int8 (scale = max|w[c]| / 127, zero point 0,
   quantized dimension 0), the kernel quantizing activations on the fly (LiteRT's hybrid
   FULLY_CONNECTED / EMBEDDING_LOOKUP).
+- ``weight_only_int8``: the same int8 bytes and scales, read through a DEQUANTIZE op (a float32 tensor
+  ``<weight>_dequant`` placed before the weight's first reader) so that compute stays float.
 - ``dynamic_int4_block32``: int4 in blocks of 32 input channels (scale = max|block| / 7, rounded to
   bfloat16's 7-bit mantissa and stored as a float16 tensor ``<weight>_scales`` [rows, cols / 32]),
   values clipped to [-8, 7] and packed two to a byte, low nibble first.
@@ -29,7 +31,7 @@ from .builder import TENSOR_TYPE, ModelBuilder, _Spilled, options, schema
 
 __all__ = ["quantize_weights", "STREAM_SCHEMES"]
 
-STREAM_SCHEMES = ("dynamic_int8", "dynamic_int4_block32")
+STREAM_SCHEMES = ("dynamic_int8", "weight_only_int8", "dynamic_int4_block32")
 _BLOCK = 32 << 20  # bytes of float rows quantized at a time
 _INT4_BLOCK = 32
 _MIN_BOUND = np.float32(1e-9)  # ai-edge-quantizer's floor on a range (an all-zero row or block)
@@ -150,7 +152,7 @@ def _quantized_params(model, sg, t: int, scheme: str, scales):
     tensor = sg.tensors[t]
     qp = s.QuantizationParametersT()
     qp.quantizedDimension = 0
-    if scheme == "dynamic_int8":
+    if scheme != "dynamic_int4_block32":
         tensor.type = TENSOR_TYPE["int8"]
         qp.scale = scales.tolist()
         qp.zeroPoint = [0] * len(scales)
@@ -163,6 +165,26 @@ def _quantized_params(model, sg, t: int, scheme: str, scales):
         details.blockSize = _INT4_BLOCK
         qp.detailsType, qp.details = s.QuantizationDetails.BlockwiseQuantization, details
     tensor.quantization = qp
+    if scheme == "weight_only_int8":
+        _dequantize_before_use(model, sg, t)
+
+
+def _dequantize_before_use(model, sg, t: int) -> None:
+    """DEQUANTIZE(weight t) -> float32 ``<name>_dequant``, inserted before the first operator reading t; every reader
+    takes the float tensor (ai-edge-quantizer's weight-only form)."""
+    s = schema()
+    name = sg.tensors[t].name
+    name = name.decode() if isinstance(name, bytes) else name
+    f = sg.tensor(f"{name}_dequant", [int(d) for d in sg.tensors[t].shape], np.float32)
+    first = None
+    for k, op in enumerate(sg.operators):
+        if t in op.inputs:
+            first = k if first is None else first
+            op.inputs = [f if i == t else i for i in op.inputs]
+    op = s.OperatorT()
+    op.opcodeIndex = model.opcode(s.BuiltinOperator.DEQUANTIZE)
+    op.inputs, op.outputs = [t], [f]
+    sg.operators.insert(first or 0, op)
 
 
 def quantize_weights(model: ModelBuilder, scheme: str = "dynamic_int8", progress=None) -> int:
@@ -175,12 +197,12 @@ def quantize_weights(model: ModelBuilder, scheme: str = "dynamic_int8", progress
     targets = _weight_buffers(model)
     if scheme == "dynamic_int4_block32":  # a width the blocks do not divide stays float (the quantizer refuses it)
         targets = {b: u for b, u in targets.items() if int(u[0][0].tensors[u[0][1]].shape[1]) % _INT4_BLOCK == 0}
-    quantize = _int8_rows if scheme == "dynamic_int8" else _int4_rows
+    quantize = _int4_rows if scheme == "dynamic_int4_block32" else _int8_rows
     for k, (buf, uses) in enumerate(targets.items()):
         sg, t = uses[0]
         rows, cols = (int(d) for d in sg.tensors[t].shape)
         b = model.buffers[buf]
-        per_row = cols if scheme == "dynamic_int8" else cols // 2  # bytes of one quantized row
+        per_row = cols // 2 if scheme == "dynamic_int4_block32" else cols  # bytes of one quantized row
         q = np.empty(rows * per_row, np.uint8)
         scales, r = [], 0
         for block in _float_rows(b.data, rows, cols):
