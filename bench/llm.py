@@ -2,7 +2,7 @@
 the same saved model directories, prefill 32, cache length and quantization, in the LiteRT-LM engine.
 
     .venv/bin/python bench/llm.py [--models llama,gemma3] [--big] [--quant float,dynamic_int8] [--cache 1024]
-                                  [--threads 1] [--blocks 3] [--decode 64] [--keep DIR]
+                                  [--threads 1] [--blocks 3] [--decode 64] [--keep DIR] [--ours-only] [--convert-only]
 
 Model directories (random weights, seeded, written by this script): a Llama-style ~110 M (vocab 32000, hidden 768,
 10 layers, GQA 12/4 heads, untied) and a Gemma-3-style ~100 M (vocab 65536 tied and scaled, hidden 640, 10 layers,
@@ -12,10 +12,12 @@ so that any id a random model emits reads back from the engine's text exactly.
 
 Per model and quantization, one conversion each in a fresh process (ours, then the peer's, in its own venv
 .bench-venv-peer-lm, installed here on first use): wall time of the process and peak RSS of its whole process tree
-(/proc polled every 50 ms, summed over descendants), bundle size. Then each bundle in the LiteRT-LM engine
-(litert_lm.Engine, CPU, --threads for both), each run in a fresh process, ours and the peer's alternating in
---blocks blocks (the machine is shared and noisy): prefill ms of a 24-word prompt, decode ms per token (median of
-the intervals between streamed tokens), and the greedy tokens, compared with transformers' generate(do_sample=False)
+(/proc polled every 50 ms, summed over descendants; and the converter process's own VmHWM, from wait4), bundle
+size. --ours-only skips the peer's conversion and compares with its figures in the README; --convert-only stops
+after the conversions. Then each bundle in the LiteRT-LM engine (litert_lm.Engine, CPU, --threads for both), each
+run in a fresh process, ours and the peer's alternating in --blocks blocks (the machine is shared and noisy):
+prefill ms of a 24-word prompt, decode ms per token (median of the intervals between streamed tokens), and the
+greedy tokens, compared with transformers' generate(do_sample=False)
 on the ids that engine fed (the peer's bundle makes the engine prepend <bos>; ours tokenizes as tokenizer.json).
 Goals, ours/peer: conversion <= 1/3 the time, peak RSS <= 0.7x, decode ms/token <= 0.90x, size <= 1.01x; float
 greedy agreement 100%.
@@ -27,7 +29,6 @@ import argparse
 import json
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,13 @@ PEER_VENV = os.path.join(ROOT, ".bench-venv-peer-lm")
 PEER_RECIPES = {"float": "none", "dynamic_int8": "dynamic_wi8_afp32", "dynamic_int4_block32": "dynamic_wi4b32_afp32",
                 "weight_only_int8": "weight_only_wi8_afp32"}
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+# --ours-only compares against the peer's conversions measured 2026-11-30 by this script (README table)
+PEER_MEASURED = {
+    ("llama", "float"): dict(wall_s=101.5, peak_rss_mb=3171, cpu_s=47.8, size_mb=428.5),
+    ("llama", "dynamic_int8"): dict(wall_s=158.4, peak_rss_mb=3169, cpu_s=46.6, size_mb=110.5),
+    ("gemma3", "float"): dict(wall_s=187.7, peak_rss_mb=2921, cpu_s=63.2, size_mb=374.1),
+    ("gemma3", "dynamic_int8"): dict(wall_s=281.0, peak_rss_mb=2821, cpu_s=67.0, size_mb=97.7),
+}
 CONFIGS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
         vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=12,
@@ -138,18 +146,30 @@ class TreeRss:
 
 
 def run_measured(cmd, env=None, timeout=3600) -> dict:
+    """Run ``cmd``; wall and CPU time, peak RSS (the tree's, polled; and the process's own VmHWM), its JSON line."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
-    # CPU time (user + sys of the process and the descendants it waited for): on a shared host the wall time is
-    # mostly waiting for a core, the CPU time is the work; one child at a time here, so the delta is this one's
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     rss = TreeRss(p.pid)
-    out, err = p.communicate(timeout=timeout)
+    streams = {}
+    readers = [threading.Thread(target=lambda k=k, f=f: streams.__setitem__(k, f.read()))
+               for k, f in (("out", p.stdout), ("err", p.stderr))]
+    for r in readers:
+        r.start()
+    killer = threading.Timer(timeout, p.kill)
+    killer.start()
+    # wait4 gives this child's own rusage: CPU time (user + sys; on a shared host the wall time is mostly waiting
+    # for a core, the CPU time is the work) and ru_maxrss, its VmHWM at exit (the kernel's peak, which a 50 ms
+    # poll can miss); setting returncode keeps Popen from waiting on the reaped pid again
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    killer.cancel()
     wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    info = {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": rss.stop(), "rc": p.returncode}
+    for r in readers:
+        r.join()
+    out, err = streams.get("out", ""), streams.get("err", "")
+    info = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": rss.stop(),
+            "vmhwm_mb": usage.ru_maxrss / 1024, "rc": p.returncode}
     if p.returncode != 0:
         info["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
     for line in reversed(out.strip().splitlines()):
@@ -259,6 +279,10 @@ def main():
     ap.add_argument("--blocks", type=int, default=3)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--keep", help="work folder to keep (model directories are reused from it)")
+    ap.add_argument("--ours-only", action="store_true",
+                    help="convert ours only; the peer's conversion figures are the README's (llama, gemma3)")
+    ap.add_argument("--convert-only", action="store_true",
+                    help="conversions only (time, RSS, size): no engine runs, no agreement")
     ap.add_argument("--report", help="print the table of a results.json written by an earlier run")
     ap.add_argument("--engine-worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt", help=argparse.SUPPRESS)
@@ -270,7 +294,7 @@ def main():
             return report(json.load(f), a)
     import random
 
-    peer_py = ensure_peer()
+    peer_py = None if a.ours_only else ensure_peer()
     work = a.keep or tempfile.mkdtemp(prefix="bench-llm-")
     os.makedirs(work, exist_ok=True)
     models = a.models.split(",") + (["llama1b"] if a.big else [])
@@ -282,15 +306,22 @@ def main():
         prompt = " ".join(f"t{rng.randrange(len(SPECIALS), vocab)}" for _ in range(24))
         for quant in a.quant.split(","):
             row = {"model": name, "quant": quant}
-            for impl in ("ours", "peer"):
+            if a.ours_only:
+                measured = PEER_MEASURED.get((name, quant))
+                row["peer"] = {**measured, "readme": True} if measured else {"error": "not run (--ours-only)"}
+            for impl in ("ours",) if a.ours_only else ("ours", "peer"):
                 out = os.path.join(work, f"{name}.{quant}.{impl}")
                 subprocess.run(["rm", "-rf", out], check=True)
                 row[impl] = convert(impl, peer_py, model_dir, out, quant, a.cache)
                 print(f"{name} {quant} {impl}: {json.dumps(row[impl])}", file=sys.stderr, flush=True)
-            bundles = {impl: row[impl]["bundle"] for impl in ("ours", "peer") if "error" not in row[impl]}
+            if a.convert_only:
+                rows.append(row)
+                continue
+            bundles = {impl: row[impl]["bundle"] for impl in ("ours", "peer")
+                       if "error" not in row[impl] and "bundle" in row[impl]}
             for impl, r in engine_runs(bundles, prompt, a.threads, a.decode, a.blocks).items():
                 row[impl]["engine"] = r
-            ran = {impl: row[impl]["engine"] for impl in bundles if "error" not in row[impl]["engine"]}
+            ran = {impl: row[impl]["engine"] for impl in bundles if "error" not in row[impl].get("engine", {})}
             for impl, agree in agreement(model_dir, ran, min(32, a.decode)).items():
                 row[impl]["agree"] = agree
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -301,31 +332,43 @@ def main():
 
 
 def report(rows, a):
+    nan = float("nan")
+
+    def pair(o, p, fmt, width):
+        return f"{format(o, fmt)}/{format(p, fmt):<{width}s}"
+
+    def ratio(o, p, fmt="5.2f"):
+        return format(o / p if p else nan, fmt)
+
     print(f"cache {a.cache}, prefill 32, engine CPU threads {a.threads}, {a.blocks} runs each, "
           f"decode {a.decode} tokens")
     print(f"{'model':8s} {'quant':13s} {'conv s ours/peer':>17s} {'x faster':>8s} {'rss MB ours/peer':>17s} "
-          f"{'ratio':>5s} {'cpu s ours/peer':>17s} {'x less':>6s} "
+          f"{'ratio':>5s} {'hwm MB ours':>11s} {'cpu s ours/peer':>17s} {'x less':>6s} "
           f"{'MB ours/peer':>15s} {'ratio':>5s} {'prefill ms':>13s} {'prefill wall':>13s} "
           f"{'decode ms/tok':>15s} {'ratio':>5s} "
           f"{'agree ours/peer':>15s}")
     for r in rows:
         o, p = r["ours"], r["peer"]
-        if "error" in o or "error" in p:
-            print(f"{r['model']:8s} {r['quant']:13s} ours: {o.get('error', 'ok')}  peer: {p.get('error', 'ok')}")
+        if "error" in o:
+            print(f"{r['model']:8s} {r['quant']:13s} ours: {o['error']}  peer: {p.get('error', 'ok')}")
             continue
+        if "error" in p:  # ours alone (the peer failed or was not run)
+            p = {"wall_s": nan, "peak_rss_mb": nan, "cpu_s": nan, "size_mb": nan, "note": p["error"]}
         oe, pe = o.get("engine", {}), p.get("engine", {})
         dec = (f"{oe['decode_ms']:6.2f}/{pe['decode_ms']:<6.2f} {oe['decode_ms'] / pe['decode_ms']:5.2f}"
                if "decode_ms" in oe and "decode_ms" in pe
-               else f"ours {oe.get('error', '?')} peer {pe.get('error', '?')}")
-        pre = f"{oe.get('prefill_ms', float('nan')):6.1f}/{pe.get('prefill_ms', float('nan')):<6.1f}"
-        pre_wall = f"{oe.get('prefill_wall_ms', float('nan')):6.1f}/{pe.get('prefill_wall_ms', float('nan')):<6.1f}"
-        print(f"{r['model']:8s} {r['quant']:13s} {o['wall_s']:8.1f}/{p['wall_s']:<8.1f} "
-              f"{p['wall_s'] / o['wall_s']:8.2f} "
-              f"{o['peak_rss_mb']:8.0f}/{p['peak_rss_mb']:<8.0f} {o['peak_rss_mb'] / p['peak_rss_mb']:5.2f} "
-              f"{o['cpu_s']:8.1f}/{p['cpu_s']:<8.1f} {p['cpu_s'] / o['cpu_s']:6.2f} "
-              f"{o['size_mb']:7.1f}/{p['size_mb']:<7.1f} {o['size_mb'] / p['size_mb']:5.3f} "
+               else f"ours {oe.get('error', '-')} peer {pe.get('error', '-')}")
+        pre = f"{oe.get('prefill_ms', nan):6.1f}/{pe.get('prefill_ms', nan):<6.1f}"
+        pre_wall = f"{oe.get('prefill_wall_ms', nan):6.1f}/{pe.get('prefill_wall_ms', nan):<6.1f}"
+        print(f"{r['model']:8s} {r['quant']:13s} {pair(o['wall_s'], p['wall_s'], '8.1f', 8)} "
+              f"{ratio(p['wall_s'], o['wall_s'], '8.2f')} "
+              f"{pair(o['peak_rss_mb'], p['peak_rss_mb'], '8.0f', 8)} {ratio(o['peak_rss_mb'], p['peak_rss_mb'])} "
+              f"{o.get('vmhwm_mb', nan):11.0f} "
+              f"{pair(o['cpu_s'], p['cpu_s'], '8.1f', 8)} {ratio(p['cpu_s'], o['cpu_s'], '6.2f')} "
+              f"{pair(o['size_mb'], p['size_mb'], '7.1f', 7)} {ratio(o['size_mb'], p['size_mb'], '5.3f')} "
               f"{pre:>13s} {pre_wall:>13s} {dec:>21s} "
-              f"{o.get('agree', float('nan')):7.2f}/{p.get('agree', float('nan')):<7.2f}")
+              f"{o.get('agree', nan):7.2f}/{p.get('agree', nan):<7.2f}{'  (peer: README)' if p.get('readme') else ''}"
+              f"{'  (peer: ' + p['note'] + ')' if p.get('note') else ''}")
     print("goals ours/peer: x faster >= 3, rss ratio <= 0.7, size ratio <= 1.01, decode ratio <= 0.90, "
           "float agree 1.00")
 
