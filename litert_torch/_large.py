@@ -122,8 +122,9 @@ def _loaded(progress):
     return report
 
 
-# Past this many bytes of weights, a file-bound dynamic_int8 conversion quantizes while streaming
-# (ai-edge-quantizer works on the whole model in memory, several times its size).
+# Past this many bytes of weights, a file-bound conversion to a scheme of edge.quantize_stream.STREAM_SCHEMES
+# (dynamic_int8, weight_only_int8, dynamic_int4_block32) quantizes while streaming (ai-edge-quantizer works on the
+# whole model in memory, several times its size).
 _STREAM_QUANT_FROM = 1 << 30
 
 
