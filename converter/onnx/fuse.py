@@ -22,13 +22,15 @@ from collections import Counter
 
 import numpy as np
 
-__all__ = ["fuse_gelu", "FUSED_PATTERNS"]
+__all__ = ["fuse_gelu", "fuse_linear", "FUSED_PATTERNS"]
 
 FUSED_PATTERNS = [  # for docs/onnx_ops.md
     ("exact GELU", "x * 0.5 * (1 + Erf(x / sqrt(2)))  (Div by sqrt(2) or Mul by 1/sqrt(2); any factor order)",
      "com.microsoft::Gelu (aten.gelu)"),
     ("tanh GELU", "x * 0.5 * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  (x^3 as Pow(x, 3) or x * x * x)",
      "com.microsoft::FastGelu (aten.gelu, approximate='tanh')"),
+    ("linear layer", "Add(MatMul(x, W), b)  (W a 2-D initializer read by this MatMul only, b a 1-D initializer)",
+     "Gemm(x, W', b, transB=1) (aten.linear; W stored transposed, [out, in], under its name)"),
 ]
 
 
@@ -158,5 +160,40 @@ def fuse_gelu(graph, outputs: list, table) -> int:
         fused = NodeContext(ctx.name, op_type, 1, 1, ctx.out_types, ctx.out_shapes)
         replace[root] = (spec, fused, {}, [x], list(g.nodes[root][4]))
         drop.update(inner)
+    graph.nodes = [replace.get(i, n) for i, n in enumerate(g.nodes) if i not in drop]
+    return len(replace)
+
+
+def fuse_linear(graph, outputs: list, table) -> int:
+    """Replace ``Add(MatMul(x, W), b)`` with constant 2-D ``W`` and 1-D ``b`` by one Gemm(transB=1) node, which
+    runs as ``F.linear``: torch's exporters write ``nn.Linear`` on 3-D inputs that way, and a backend sees a
+    linear layer in ``aten.linear`` (the edge folds a bias and a preceding norm's affine into one
+    FULLY_CONNECTED) where ``matmul + add`` leaves an ADD per layer and the norm's MUL/ADD. ``W`` is stored
+    transposed ([out, in], torch's layout) under its name, so only a W no other node reads is taken."""
+    from .graph import NodeContext
+
+    g = _Graph(graph, outputs)
+    drop: set[int] = set()
+    replace: dict[int, tuple] = {}
+    for i_add, (spec, ctx, _, names, outs) in enumerate(g.nodes):
+        if spec.domain != "" or ctx.op_type != "Add" or len(names) != 2:
+            continue
+        for y, b in ((names[0], names[1]), (names[1], names[0])):
+            mm = g.node(y, "MatMul")
+            if mm is None or mm[0] in drop or g.uses[y] != 1:
+                continue
+            x, w = mm[1]
+            wv, bv = g.consts.get(w) if w not in g.producer else None, g.consts.get(b) if b not in g.producer else None
+            if not (isinstance(wv, np.ndarray) and isinstance(bv, np.ndarray) and wv.ndim == 2 and bv.ndim == 1
+                    and wv.dtype.kind == "f" and bv.dtype == wv.dtype and bv.shape[0] == wv.shape[1]
+                    and g.uses[w] == 1 and x not in g.consts):
+                continue
+            graph.consts[w] = np.ascontiguousarray(wv.T)
+            mm_ctx = g.nodes[mm[0]][1]
+            fused = NodeContext(ctx.name, "Gemm", mm_ctx.opset, 1, ctx.out_types, ctx.out_shapes)
+            attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}
+            replace[i_add] = (table.lookup("", "Gemm", mm_ctx.opset), fused, attrs, [x, w, b], list(outs))
+            drop.add(mm[0])
+            break
     graph.nodes = [replace.get(i, n) for i, n in enumerate(g.nodes) if i not in drop]
     return len(replace)

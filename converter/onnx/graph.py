@@ -209,10 +209,11 @@ def build_graph(proto, inferred, where: str, opset: int) -> OnnxGraph:
                     out.consts[o] = v
         else:
             out.nodes.append((spec, ctx, attrs, names, list(node.output)))
-    from .fuse import fuse_gelu
+    from .fuse import fuse_gelu, fuse_linear
 
     # after folding, so that the patterns' constants (Constant nodes, initializers) are values to check
     fuse_gelu(out, [o.name for o in g.output], table)
+    fuse_linear(out, [o.name for o in g.output], table)
     return out
 
 

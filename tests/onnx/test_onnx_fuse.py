@@ -131,3 +131,76 @@ def test_gelu_pattern_variants(variant, fused):
         got = imp.module(*[torch.from_numpy(a) for a in args])
     for g, w in zip(got.values(), want):
         assert rel_err(g.numpy(), w) <= 1e-6
+
+
+class _Mlp(torch.nn.Module):
+    """A transformer's MLP on [batch, seq, dim]: the exporters write each Linear as MatMul + Add."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(8)
+        self.fc1, self.fc2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 8)
+        with torch.no_grad():
+            self.ln.weight.uniform_(0.5, 1.5)
+            self.ln.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+
+
+@pytest.mark.parametrize("kind", ["torchscript17", "dynamo18"])
+def test_exported_linear_layers_are_fully_connected(kind):
+    """MatMul + Add with constant weights imports as aten.linear: the .tflite holds the same ops as the torch
+    model's (FULLY_CONNECTED with its bias, the norm's affine folded into it), and matches onnxruntime."""
+    import converter
+    import litert_torch
+    from edge import convert_program, op_histogram
+
+    torch.manual_seed(0)
+    m = _Mlp().eval()
+    x = torch.randn(2, 5, 8)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        if kind == "torchscript17":
+            buf = io.BytesIO()
+            torch.onnx.export(m, (x,), buf, opset_version=17, dynamo=False, input_names=["x"])
+            data = buf.getvalue()
+        else:
+            data = torch.onnx.export(m, (x,), opset_version=18, dynamo=True, verbose=False,
+                                     input_names=["x"]).model_proto.SerializeToString()
+        imp, ops = _imported_ops(data)
+        assert ops.count("Gemm") == 2 and "MatMul" not in ops, ops
+        prog = converter.prepare(imp.module, imp.sample_args)
+        ref = converter.prepare(m, (x,))
+    fb = convert_program(prog)
+    assert op_histogram(fb) == op_histogram(convert_program(ref))
+    (want,) = _ort(data, x.numpy())
+    got = list(litert_torch.Model(fb)(x).values())[0]
+    assert rel_err(np.asarray(got), want) <= 1e-5
+
+
+@pytest.mark.parametrize("shared_weight", [False, True])
+def test_matmul_add_fold_only_with_its_own_weight(shared_weight):
+    """A weight that another MatMul also reads stays as written (the folded one is stored transposed)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rs = np.random.RandomState(2)
+    inits = [numpy_helper.from_array(rs.randn(8, 4).astype(np.float32), "w"),
+             numpy_helper.from_array(rs.randn(4).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["out"])]
+    outs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [2, 3, 4])]
+    if shared_weight:
+        nodes.append(helper.make_node("MatMul", ["x", "w"], ["out2"]))
+        outs.append(helper.make_tensor_value_info("out2", TensorProto.FLOAT, [2, 3, 4]))
+    m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                      [2, 3, 8])], outs, inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 9
+    data = m.SerializeToString()
+    imp, ops = _imported_ops(data)
+    assert ops == (["MatMul", "Add", "MatMul"] if shared_weight else ["Gemm"]), ops
+    x = rs.randn(2, 3, 8).astype(np.float32)
+    with torch.no_grad():
+        got = imp.module(torch.from_numpy(x))
+    for g, w in zip(got.values(), _ort(data, x)):
+        assert rel_err(g.numpy(), w) <= 1e-6
