@@ -104,10 +104,11 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
     device, weights are loaded one at a time into a file-backed map, never all in memory
     (``converter.lazy_weights.safetensors_loader(folder)`` reads a model directory's shards).
     ``progress(msg)``: a line per long step (weights written: tensors, MiB, MiB/s).
-    With ``quant_config="dynamic_int8"``, a file output and more than 1 GiB of weights, the
-    quantization runs while streaming: each FULLY_CONNECTED weight becomes per-channel int8 (the
-    bytes ai-edge-quantizer's dynamic_int8 gives it) as it is written, without a float copy of
-    the model in memory; other constants (embedding tables, convolutions) stay float.
+    With ``quant_config`` ``"dynamic_int8"``, ``"weight_only_int8"`` or ``"dynamic_int4_block32"``, a
+    file output and more than 1 GiB of weights, the quantization runs while streaming: each
+    FULLY_CONNECTED weight and embedding table (made an EMBEDDING_LOOKUP) gets the bytes and scales
+    ai-edge-quantizer's recipe of that name gives it as it is written, without a float copy of the
+    model in memory; other constants (convolutions) stay float.
     """
     return Converter().convert(module, sample_args, sample_kwargs, strict_export=strict_export,
                                quant_config=quant_config, calibration_data=calibration_data,
