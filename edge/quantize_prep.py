@@ -42,9 +42,14 @@ def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> b
     return _pack_external(obj, spans, tflite, s)
 
 
+_INLINE_BELOW = 1024  # ai-edge-quantizer's own threshold: smaller buffers stay in the flatbuffer
+
+
 def _data_spans(model) -> list[tuple[int, int, int]]:
-    """(buffer index, start in the file, length) of every buffer's bytes, whether stored in the flatbuffer (a
-    ``data`` vector) or after it (the large-model form's ``offset`` / ``size``)."""
+    """(buffer index, start in the file, length) of the buffers that go after the flatbuffer: those already there
+    (the large-model form's ``offset`` / ``size``) and the tensor data of 1 KiB or more stored in it (a ``data``
+    vector). Metadata stays inline, where readers of the model's metadata (litert_torch's signatures) look."""
+    metadata = {model.Metadata(i).Buffer() for i in range(model.MetadataLength())}
     spans = []
     for i in range(model.BuffersLength()):
         buf = model.Buffers(i)
@@ -52,7 +57,7 @@ def _data_spans(model) -> list[tuple[int, int, int]]:
             spans.append((i, int(buf.Offset()), int(buf.Size())))
             continue
         slot = buf._tab.Offset(4)  # Buffer.data (vtable slot 4)
-        if slot and buf._tab.VectorLen(slot):
+        if slot and buf._tab.VectorLen(slot) >= _INLINE_BELOW and i not in metadata:
             spans.append((i, int(buf._tab.Vector(slot)), int(buf._tab.VectorLen(slot))))
     return spans
 
@@ -71,6 +76,7 @@ def _pack_external(obj, spans, tflite, s) -> bytearray:
     for i, _, _ in spans:
         buf = obj.buffers[i]
         buf.data, buf.offset, buf.size = None, 1, 1  # non-default, so that the packer writes both fields
+    # the small buffers left inline are packed from views of ``tflite`` (a copy each, at most the metadata's size)
     b = flatbuffers.Builder(1 << 20)
     b.Finish(obj.Pack(b), file_identifier=b"TFL3")
     head = b.Output()

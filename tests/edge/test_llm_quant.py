@@ -178,3 +178,35 @@ def test_large_model_form_quantizes_like_the_classic_form(tmp_path):
     classic = convert_program(prog)
     assert len(large) != len(classic)  # the two forms really differ
     assert bytes(quantize_tflite(large, "dynamic_int8")) == bytes(quantize_tflite(classic, "dynamic_int8"))
+
+
+def test_the_quantizers_input_is_the_float_model_with_each_weight_once(lm):
+    """edge.quantize.prepare_tflite (unique names, the embedding GATHER as EMBEDDING_LOOKUP) packs its rewrite in
+    the large-model form, each buffer's bytes copied once from the float .tflite: a valid model (LiteRT runs it, the
+    same logits bit for bit), no bigger than the float one but for its new tables, and quantize_tflite gives the
+    same bytes from it as from the float .tflite (convert-lm frees the float bytes in between)."""
+    from ai_edge_litert import schema_py_generated as s
+
+    from edge.quantize import prepare_tflite
+
+    _, flt, spec, prompt, _ = lm
+    prep = prepare_tflite(flt, "dynamic_int8")
+    m, f = s.Model.GetRootAs(prep, 0), s.Model.GetRootAs(flt, 0)
+    metadata = {f.Metadata(i).Buffer() for i in range(f.MetadataLength())}  # stays inline, as the quantizer keeps it
+    moved = sorted(bytes(prep[b.Offset():b.Offset() + b.Size()]) for b in map(m.Buffers, range(m.BuffersLength()))
+                   if b.Offset() > 1)
+    assert moved == sorted(f.Buffers(i).DataAsNumpy().tobytes() for i in range(f.BuffersLength())
+                           if f.Buffers(i).DataLength() >= 1024 and i not in metadata)
+    assert len(flt) <= len(prep) <= len(flt) + 64 * 1024
+    for g in range(m.SubgraphsLength()):  # the token embedding of prefill and of decode
+        sg = m.Subgraphs(g)
+        codes = [m.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() for i in range(sg.OperatorsLength())]
+        assert codes.count(s.BuiltinOperator.EMBEDDING_LOOKUP) == 1
+    names = [m.Subgraphs(g).Tensors(i).Name() for g in range(m.SubgraphsLength())
+             for i in range(m.Subgraphs(g).TensorsLength())]
+    assert len(set(names)) == len(names)
+    args = (prompt[:, :1].int(), torch.tensor([0], dtype=torch.int32))
+    want = litert_torch.Model(flt)(*args, signature_name="decode", **spec.zeros())["logits"]
+    got = litert_torch.Model(prep)(*args, signature_name="decode", **spec.zeros())["logits"]
+    np.testing.assert_array_equal(got, want)
+    assert bytes(quantize_tflite(prep, "dynamic_int8")) == bytes(quantize_tflite(flt, "dynamic_int8"))
