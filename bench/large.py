@@ -14,11 +14,13 @@ Modes (ours unless named):
   delete   stream + delete_in_memory_params=True (parameters freed as they are written)
   loader   the module built on the meta device, weights_loader=safetensors_loader(model dir):
            weights read one tensor at a time, never all in memory (the "model directory" path)
-  loader_int8  loader + quant_config="dynamic_int8": FULLY_CONNECTED weights int8 as they are written
+  loader_int8  loader + quant_config="dynamic_int8": FULLY_CONNECTED weights and the embedding table int8 as
+           they are written
+  loader_int4  loader + quant_config="dynamic_int4_block32": the same weights int4 in blocks of 32
   phases   stream's steps timed one by one (capture, lowering, write), printed in the row
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
-Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8);
+Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4);
 vit_b_16 (#16's held-out zoo goal: peak RSS <= 0.7x the peer's) with --modes vit_memory,vit_stream,vit_peer
 (convert() + export(), output_file_path, the peer's convert() + export()).
 Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
@@ -126,7 +128,7 @@ def worker(mode: str, folder: str, out: str) -> None:
     ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
     wrap = _wrapper(torch)
     kwargs = {}
-    if mode in ("loader", "loader_int8"):
+    if mode in ("loader", "loader_int8", "loader_int4"):
         # built in float32 on the meta device: the loader casts each (bf16) tensor as it reads it
         cfg = transformers.AutoConfig.from_pretrained(folder)
         with torch.device("meta"):
@@ -136,8 +138,8 @@ def worker(mode: str, folder: str, out: str) -> None:
         from converter.lazy_weights import safetensors_loader
 
         kwargs["weights_loader"] = safetensors_loader(folder)
-        if mode == "loader_int8":
-            kwargs["quant_config"] = "dynamic_int8"  # quantized while streaming (FULLY_CONNECTED weights)
+        if mode in ("loader_int8", "loader_int4"):  # quantized while streaming (FULLY_CONNECTED weights, the table)
+            kwargs["quant_config"] = "dynamic_int8" if mode == "loader_int8" else "dynamic_int4_block32"
     else:
         hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     module = wrap(hf).eval()
