@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -104,10 +105,12 @@ def save_model_dir(name: str, path: str) -> str:
 
 
 class TreeRss:
-    """Peak resident memory of a process and all its descendants, summed, polled from /proc."""
+    """Peak resident memory of a process and all its descendants, summed, polled from /proc; past ``limit_mb`` the
+    tree is killed (``over`` set): on a shared host a peer conversion may not take the memory others run in."""
 
-    def __init__(self, pid: int, every: float = 0.05):
+    def __init__(self, pid: int, every: float = 0.05, limit_mb: float | None = None):
         self.pid, self.every, self.peak, self._stop = pid, every, 0, threading.Event()
+        self.limit, self.over = (limit_mb or 0) * 2**20, False
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -129,14 +132,21 @@ class TreeRss:
     def _run(self):
         page = os.sysconf("SC_PAGE_SIZE")
         while not self._stop.is_set():
-            total = 0
-            for p in self._tree():
+            total, tree = 0, self._tree()
+            for p in tree:
                 try:
                     with open(f"/proc/{p}/statm") as f:
                         total += int(f.read().split()[1]) * page
                 except (OSError, IndexError, ValueError):
                     pass
             self.peak = max(self.peak, total)
+            if self.limit and total > self.limit and not self.over:
+                self.over = True
+                for p in reversed(tree):  # the processes this bench started, by pid
+                    try:
+                        os.kill(p, signal.SIGKILL)
+                    except OSError:
+                        pass
             self._stop.wait(self.every)
 
     def stop(self) -> float:
@@ -145,12 +155,12 @@ class TreeRss:
         return self.peak / 2**20
 
 
-def run_measured(cmd, env=None, timeout=3600) -> dict:
+def run_measured(cmd, env=None, timeout=3600, rss_limit_mb=None) -> dict:
     """Run ``cmd``; wall and CPU time, peak RSS (the tree's, polled; and the process's own VmHWM), its JSON line."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    rss = TreeRss(p.pid)
+    rss = TreeRss(p.pid, limit_mb=rss_limit_mb)
     streams = {}
     readers = [threading.Thread(target=lambda k=k, f=f: streams.__setitem__(k, f.read()))
                for k, f in (("out", p.stdout), ("err", p.stderr))]
@@ -170,7 +180,9 @@ def run_measured(cmd, env=None, timeout=3600) -> dict:
     out, err = streams.get("out", ""), streams.get("err", "")
     info = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": rss.stop(),
             "vmhwm_mb": usage.ru_maxrss / 1024, "rc": p.returncode}
-    if p.returncode != 0:
+    if rss.over:
+        info["error"] = f"stopped: its process tree passed {rss_limit_mb:.0f} MB resident (--rss-limit-mb)"
+    elif p.returncode != 0:
         info["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
     for line in reversed(out.strip().splitlines()):
         if line.startswith("{"):
@@ -179,17 +191,17 @@ def run_measured(cmd, env=None, timeout=3600) -> dict:
     return info
 
 
-def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache: int) -> dict:
+def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache: int, rss_limit_mb=None) -> dict:
     if impl == "ours":
         cmd = [os.path.join(os.path.dirname(sys.executable), "tpu-export"), "convert-lm", model_dir, "--target",
                "android", "--prefill", "32", "--cache", str(cache), "-o", out]
         cmd += [] if quant == "float" else ["--quantize", quant]
-        info = run_measured(cmd)
+        info = run_measured(cmd, rss_limit_mb=rss_limit_mb)
         info["bundle"] = os.path.join(out, "android", "model.litertlm")
     else:
         cmd = [peer_py, os.path.join(ROOT, "bench", "_llm_peer_worker.py"), model_dir, out, "32", str(cache),
                PEER_RECIPES[quant]]
-        info = run_measured(cmd)
+        info = run_measured(cmd, rss_limit_mb=rss_limit_mb)
         info.setdefault("bundle", os.path.join(out, "model.litertlm"))
     if "error" not in info:
         info["size_mb"] = os.path.getsize(info["bundle"]) / 2**20
@@ -281,6 +293,8 @@ def main():
     ap.add_argument("--keep", help="work folder to keep (model directories are reused from it)")
     ap.add_argument("--ours-only", action="store_true",
                     help="convert ours only; the peer's conversion figures are the README's (llama, gemma3)")
+    ap.add_argument("--rss-limit-mb", type=float,
+                    help="kill a conversion whose process tree passes this resident size (a shared host)")
     ap.add_argument("--convert-only", action="store_true",
                     help="conversions only (time, RSS, size): no engine runs, no agreement")
     ap.add_argument("--report", help="print the table of a results.json written by an earlier run")
@@ -312,7 +326,7 @@ def main():
             for impl in ("ours",) if a.ours_only else ("ours", "peer"):
                 out = os.path.join(work, f"{name}.{quant}.{impl}")
                 subprocess.run(["rm", "-rf", out], check=True)
-                row[impl] = convert(impl, peer_py, model_dir, out, quant, a.cache)
+                row[impl] = convert(impl, peer_py, model_dir, out, quant, a.cache, a.rss_limit_mb)
                 print(f"{name} {quant} {impl}: {json.dumps(row[impl])}", file=sys.stderr, flush=True)
             if a.convert_only:
                 rows.append(row)
