@@ -6,7 +6,9 @@ the same saved model directories, prefill 32, cache length and quantization, in 
 
 Model directories (random weights, seeded, written by this script): a Llama-style ~110 M (vocab 32000, hidden 768,
 10 layers, GQA 12/4 heads, untied) and a Gemma-3-style ~100 M (vocab 65536 tied and scaled, hidden 640, 10 layers,
-4 heads / 1 KV head of 256, sliding window 512 on 5 of every 6 layers); --big adds a Llama-style ~1.1 B. Their
+4 heads / 1 KV head of 256, sliding window 512 on 5 of every 6 layers); --big (or --models llama1b) adds a
+Llama-style 0.84 B (TinyLlama's widths: hidden 2048, intermediate 5632, 32 heads / 4 KV heads of 64, vocab 32000
+untied; 16 layers where TinyLlama has 22: 3.3 GB of float32 weights). Their
 tokenizer is a word-level `tokenizers` model with one word per id ("t0".."t<V-1>" beside <pad> <bos> <eos> <unk>),
 so that any id a random model emits reads back from the engine's text exactly.
 
@@ -205,6 +207,10 @@ def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache
         info.setdefault("bundle", os.path.join(out, "model.litertlm"))
     if "error" not in info:
         info["size_mb"] = os.path.getsize(info["bundle"]) / 2**20
+        for folder, _, files in os.walk(out):  # only the bundle runs: a 0.84 B float .tflite is 3.3 GB of disk
+            for f in files:
+                if f.endswith(".tflite"):
+                    os.remove(os.path.join(folder, f))
     return info
 
 
@@ -284,7 +290,7 @@ def engine_runs(bundles: dict, prompt: str, threads: int, decode: int, blocks: i
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="llama,gemma3")
-    ap.add_argument("--big", action="store_true", help="add the ~1.1 B Llama")
+    ap.add_argument("--big", action="store_true", help="add the 0.84 B Llama (llama1b)")
     ap.add_argument("--quant", default="float,dynamic_int8", help=f"of {', '.join(PEER_RECIPES)}")
     ap.add_argument("--cache", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=1)
