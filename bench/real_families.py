@@ -88,6 +88,10 @@ def _tv(name: str):
         model = OutTensor(getattr(tv.models.segmentation, tv_name)(**kw))
     else:
         model = getattr(tv.models, tv_name)(**kw)
+    with torch.no_grad():  # torchvision zero-initialises some heads (ViT's): an all-zero output checks nothing
+        for p in model.parameters():
+            if p.ndim >= 2 and not p.any():
+                p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(p.numel()))
     args = (torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(1)),)
     return zoo._finalize(model, args, 0, _BIG), args
 
