@@ -50,6 +50,16 @@ def _quantized(data, subgraph: int = 0) -> dict:
     return out
 
 
+def _op_counts(data) -> dict:
+    import collections
+
+    from edge.builder import builtin_names
+    from edge.inspect import read_model
+
+    mt, names = read_model(data), builtin_names()
+    return collections.Counter(names[mt.operatorCodes[op.opcodeIndex].builtinCode] for op in mt.subgraphs[0].operators)
+
+
 @pytest.mark.parametrize("scheme,kind", [("dynamic_int8", 9), ("weight_only_int8", 9), ("dynamic_int4_block32", 17)])
 def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatch, scheme, kind):
     from edge.quantize import quantize_tflite
@@ -70,6 +80,7 @@ def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatc
         assert a[name][0] == kind and a[name][1:] == b[name][1:], name
     size = len(ours.tflite_model())
     assert size < len(float_bytes) / (3 if kind == 9 else 5) and abs(size - len(theirs.tflite_model())) < 2048
+    assert _op_counts(ours.tflite_model()) == _op_counts(theirs.tflite_model())  # weight-only: 3 DEQUANTIZE
     got, want = ours(ids), theirs(ids)
     assert np.array_equal(np.asarray(got), np.asarray(want))
     assert rel_err(got, m(ids)) < (0.02 if kind == 9 else 0.2)
