@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 __all__ = ["materialize", "restore", "drop_pages", "drop_all_pages", "safetensors_loader", "load_one",
-           "WeightsLoaderError", "StorageReleaser"]
+           "WeightsLoaderError", "StorageReleaser", "params_on_meta"]
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
@@ -185,6 +185,26 @@ def materialize(module: torch.nn.Module, loader, *, folder: str | None = None, p
         (mod._parameters if is_param else mod._buffers)[attr] = v
         undo.append((mod, attr, t, is_param))
     return undo, spool
+
+
+@contextlib.contextmanager
+def params_on_meta():
+    """Modules built inside get their parameters on the meta device and their buffers on the CPU, computed by
+    their constructors (a rotary table, an embedding scale: non-persistent buffers no checkpoint holds, which a
+    module built under ``torch.device("meta")`` would lack). For ``materialize`` to fill the parameters from a
+    loader. Patches ``torch.nn.Module.register_parameter`` for the duration of the block (one thread)."""
+    orig = torch.nn.Module.register_parameter
+
+    def register(self, name, param):
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        orig(self, name, param)
+
+    torch.nn.Module.register_parameter = register
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = orig
 
 
 def restore(undo) -> None:

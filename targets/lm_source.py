@@ -117,6 +117,11 @@ def _load_model(path: str):
     import transformers
 
     try:
+        from .lm_stream import load_lazily
+
+        lazy = load_lazily(path)  # past 1 GiB of float32 weights: parameters in a file-backed spool, not memory
+        if lazy is not None:
+            return lazy
         return transformers.AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user gets one line naming the dir

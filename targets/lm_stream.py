@@ -1,4 +1,6 @@
-"""convert-lm's edge targets for a large LLM: the .tflite lowered once, its weights quantized tensor by tensor
+"""convert-lm for a large LLM. A model directory past ``STREAM_LM_FROM`` float32 bytes is loaded with its parameters
+in a file-backed spool (``load_lazily``: one tensor in memory at a time, a bf16 directory never float32 in memory).
+Its edge targets: the .tflite lowered once, its weights quantized tensor by tensor
 (edge/quantize_stream.py: ai-edge-quantizer's bytes and scales) and streamed into ``model.tflite`` (the large-model
 form past 2 GiB), and the ``.litertlm`` bundled from that file, so neither the float nor the quantized model is
 ever one bytes object in memory. Past ``STREAM_LM_FROM`` bytes of weights, for a float model or a scheme in
@@ -9,11 +11,51 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["STREAM_LM_FROM", "streamed_scheme", "write_edge_lm_streamed"]
+__all__ = ["STREAM_LM_FROM", "load_lazily", "streamed_scheme", "write_edge_lm_streamed"]
 
 # The in-memory path holds the float flatbuffer, the quantizer's copies and the bundle's; past 1 GiB of weights
 # streaming is the one that fits (a 2 GiB flatbuffer cannot be built in memory at all).
 STREAM_LM_FROM = 1 << 30
+
+
+def _float32_bytes(path: str) -> int:
+    """The float32 size of a directory's safetensors weights, from the shards' headers (no tensor is read)."""
+    import glob
+
+    from safetensors import safe_open
+
+    n = 0
+    for shard in glob.glob(os.path.join(path, "*.safetensors")):
+        with safe_open(shard, framework="pt") as f:
+            for k in f.keys():
+                shape = f.get_slice(k).get_shape()
+                size = 1
+                for d in shape:
+                    size *= int(d)
+                n += 4 * size
+    return n
+
+
+def load_lazily(path: str):
+    """The directory's causal LM with its parameters in a file-backed spool, read one tensor at a time (cast to
+    float32 as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` float32
+    bytes (a small model loads as before). Built from config.json with the parameters on the meta device and the
+    buffers computed on the CPU (converter.lazy_weights.params_on_meta), then filled by materialize from
+    safetensors_loader; the conversion pages the weights in as it reads them and gives the pages back."""
+    import torch
+    import transformers
+
+    from converter.lazy_weights import materialize, params_on_meta, safetensors_loader
+
+    if _float32_bytes(path) <= STREAM_LM_FROM:
+        return None
+    cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+    with params_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, trust_remote_code=False)
+    model.eval()
+    _, spool = materialize(model, safetensors_loader(path))
+    model.tpu_export_spool = spool  # alive as long as the model: drop_pages finds the spool by a weak reference
+    return model
 
 
 def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:

@@ -89,8 +89,9 @@ def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatc
 # weight_only_int8 has dynamic_int8's bytes (its DEQUANTIZE form is checked on TinyLm above): not repeated here
 @pytest.mark.parametrize("scheme", [None, "dynamic_int8", "dynamic_int4_block32"])
 def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatch, scheme):
-    """convert-lm past its streaming threshold (lowered here to 0): model.tflite is written tensor by tensor, quantized
-    as it goes, and bundled from the file. Float: the in-memory path's bytes; quantized: the quantizer's weights in
+    """convert-lm past its streaming threshold (lowered here to 0): the directory's weights are read one tensor at a
+    time into a file-backed spool (never loaded whole), model.tflite is written tensor by tensor, quantized as it
+    goes, and bundled from the file. Float: the in-memory path's bytes; quantized: the quantizer's weights in
     every signature, and the LiteRT-LM engine replies with the in-memory bundle's greedy text. Gemma 3: a tied,
     scaled embedding table read by the lookup and the logits projection; Llama under int4 (Gemma's padding row is
     all zeros, its int4 scale rounds to float16 0 and XNNPACK refuses the logits projection, in either path)."""
@@ -104,6 +105,12 @@ def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatc
     kw = dict(prefill_lengths=(8,), cache_len=64, quantize=scheme)
     mem = convert_lm(d, ["android"], tmp_path / "mem", **kw)["android"]
     monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
+    import transformers
+
+    def no_full_load(*a, **k):
+        raise AssertionError("the directory was loaded whole; past the threshold its weights stay in a spool file")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_full_load)
     lines = []
     ours = convert_lm(d, ["android"], tmp_path / "ours", progress=lines.append, **kw)["android"]
     assert any("streamed" in line for line in lines)
