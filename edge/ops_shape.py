@@ -34,7 +34,19 @@ def view_shape(lw, size) -> list:
 # view(Tensor(a) self, SymInt[] size) -> Tensor(a) ; _unsafe_view / reshape: the same
 @lowering(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(lw, x, size):
+    if not x.static and _same_sizes(lw.node.args[0].meta.get("val"), lw.node.meta.get("val")):
+        # a view to the sizes x already has (attention's [B, H, S, D] after the matmul): nothing to write,
+        # where a RESHAPE would need a run-time shape operand (two dynamic dims) that XNNPACK does not take
+        return lw.alias(x)
     return lw.reshape(x, view_shape(lw, size))
+
+
+def _same_sizes(a, b) -> bool:
+    """Two fake tensors whose sizes are the same expressions of the inputs' dims."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.dim() != b.dim():
+        return False
+    expr = [getattr(getattr(d, "node", None), "expr", d) for d in (*a.shape, *b.shape)]
+    return all(x == y for x, y in zip(expr[:a.dim()], expr[a.dim():]))
 
 
 # squeeze.dims(Tensor(a) self, int[] dim) -> Tensor(a) ; squeeze.dim / squeeze.default ; unsqueeze(self, int dim)

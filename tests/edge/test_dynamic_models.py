@@ -269,6 +269,25 @@ def test_dynamic_integer_upsampling_runs_in_xnnpack_ops(k, by_size, channels):
         assert err <= RTOL, f"k={k} at {size} (builtin kernels): rel err {err:.3g}"
 
 
+class _SameSizeView(nn.Module):
+    def forward(self, x):
+        y = torch.matmul(x, x.transpose(-1, -2))
+        return y.view(x.shape[0], 3, x.shape[2], x.shape[2]) + 1
+
+
+def test_view_to_the_same_dynamic_sizes_writes_no_reshape():
+    """A view to the sizes its input already has (two dynamic dims) is the input itself: no RESHAPE with a
+    run-time shape operand, which XNNPACK would leave to the builtin kernels."""
+    from edge.inspect import op_histogram
+
+    def make(b, s):
+        return {"x": torch.randn(b, 3, s, 4, generator=torch.Generator().manual_seed(b * s))}
+
+    model = _check(_SameSizeView(), make, [(2, 6), (1, 2), (4, 8), (3, 5)],
+                   {"x": {0: Dim("batch", min=1, max=4), 2: Dim("seq", min=2, max=8)}})
+    assert "RESHAPE" not in op_histogram(model.tflite_model())
+
+
 def test_vit_dynamic_batch():
     from tests.zoo import build
 
