@@ -39,7 +39,7 @@ def read_signatures(data: bytes) -> dict:
     for i in range(m.MetadataLength()):
         md = m.Metadata(i)
         if md.Name() and md.Name().decode() == _STRUCTURE:
-            structure = json.loads(bytes(m.Buffers(md.Buffer()).DataAsNumpy()).decode())
+            structure = json.loads(_buffer_bytes(data, m.Buffers(md.Buffer())).decode())
     sigs = {}
     for i in range(m.SignatureDefsLength()):
         sd = m.SignatureDefs(i)
@@ -65,6 +65,17 @@ def read_signatures(data: bytes) -> dict:
         entry["quant"] = {i: sp.pop("_quant") for i, sp in enumerate(entry["specs"]) if "_quant" in sp}
         sigs[key] = entry
     return sigs
+
+
+def _buffer_bytes(data, buf) -> bytes:
+    """A buffer's bytes, inline or in the large-model form (Buffer.offset / size, after the flatbuffer): where
+    ai-edge-quantizer moves every buffer of 1 KiB or more, our structure metadata of a many-layer LLM included."""
+    if buf.Offset() > 1:
+        start, size = int(buf.Offset()), int(buf.Size())
+        if start + size > len(data):
+            raise ValueError(f"a metadata buffer lies past the file's end ({start}+{size} > {len(data)} bytes)")
+        return bytes(data[start:start + size])
+    return bytes(buf.DataAsNumpy()) if buf.DataLength() else b""
 
 
 def _spec(name, tensor, meta) -> dict:
