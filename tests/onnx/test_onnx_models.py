@@ -1,7 +1,8 @@
 """The zoo's architectures (tests/zoo.py) exported to ONNX by both torch exporters (TorchScript at opset 17,
 dynamo/onnxscript at opset 18), imported, converted to both outputs and compared with onnxruntime
-(rel err <= 1e-4). On the edge path an imported CNN in NHWC form (channel-last inputs and image outputs) has
-no more TRANSPOSE ops than the same model converted from torch: the importer adds no layout transposes."""
+(rel err <= 1e-4). On the edge path an imported model (a CNN in NHWC form: channel-last inputs and image
+outputs) has no more TRANSPOSE ops than the same model converted from torch: the importer adds no layout
+transposes."""
 
 from __future__ import annotations
 
@@ -76,8 +77,8 @@ def test_zoo_model_from_onnx(name, kind):
     hist = op_histogram(fb)
     # the exporters write GELU as Erf (or Tanh) arithmetic; the importer folds it back into one GELU
     assert "ERF" not in hist and (hist.get("GELU", 0) > 0) == (name in _GELU_MODELS), hist
-    if ZOO[name].kind == "cnn" and kind == "torchscript17":  # one exporter is enough: the layout is the importer's
-        io_ = ((0,), tuple(i for i, w in enumerate(want) if w.ndim == 4))
+    if kind == "torchscript17":  # one exporter is enough: the layout is the importer's
+        io_ = ((0,), tuple(i for i, w in enumerate(want) if w.ndim == 4)) if ZOO[name].kind == "cnn" else ((), ())
         ours = op_histogram(convert_program(prog, to_channel_last_io=io_)).get("TRANSPOSE", 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
