@@ -225,7 +225,7 @@ class ModelBuilder:
         whole (hashing a 2 GB model costs seconds and, for weights mapped from disk, pages them
         all in); only when the samples match an earlier buffer are both hashed whole, so the
         buffers shared are exactly those a whole-content digest would share."""
-        from converter.lazy_weights import drop_pages
+        from converter.lazy_weights import drop_all_pages, drop_pages
 
         data = _raw(array)
         # spilled when large and computed here (a folded or transposed weight); a bias (1-D) stays
@@ -246,6 +246,8 @@ class ModelBuilder:
             for idx in earlier:
                 if self._whole_digest(idx) == whole:
                     drop_pages(data)
+                    if weights:  # computed from mapped weights (a fold): give back the pages that read paged in
+                        drop_all_pages()
                     return idx
             self._whole[len(self.buffers)] = whole
         idx = self._add(data, weights)
