@@ -131,7 +131,15 @@ def _is_user_error(e: BaseException) -> bool:
 def _eval_copy(module):
     import copy
 
-    m = copy.copy(module)  # shallow: shares parameters; only the training flags differ
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(module):
+        # torch refuses to copy a parametrized module (weight_norm: Wav2Vec2's positional conv) through
+        # copy.copy's pickling protocol; its state is all in __dict__, so copy that
+        m = module.__class__.__new__(module.__class__)
+        m.__dict__.update(module.__dict__)
+    else:
+        m = copy.copy(module)  # shallow: shares parameters; only the training flags differ
     m.__dict__["_modules"] = {k: _eval_copy(v) if v is not None else None for k, v in module._modules.items()}
     m.training = False
     return m
