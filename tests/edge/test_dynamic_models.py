@@ -269,6 +269,20 @@ def test_dynamic_integer_upsampling_runs_in_xnnpack_ops(k, by_size, channels):
         assert err <= RTOL, f"k={k} at {size} (builtin kernels): rel err {err:.3g}"
 
 
+@pytest.mark.parametrize("scheme", ["dynamic_int8", "weight_only_int8"])
+def test_dynamic_integer_upsampling_stays_exact_when_quantized(scheme):
+    """The upsampling's filter taps are float16 behind a DEQUANTIZE: the int8 schemes, which quantize constant
+    filters, leave them exact (as int8 filters they put 0.7-1% error into the resize)."""
+    dyn = {"x": {0: Dim("batch", min=1, max=2), 2: 8 * Dim("hq", min=1, max=8), 3: 8 * Dim("wq", min=1, max=8)}}
+
+    def make(b, h, w):
+        return {"x": torch.randn(b, 5, h, w, generator=torch.Generator().manual_seed(b * h * w))}
+
+    module = NamedX(_Upsample(8, True)).eval()
+    model = _convert(module, make(2, 16, 24), dyn, quant_config=scheme)
+    _check(module, make, [(2, 16, 24), (1, 8, 8), (2, 64, 40)], dyn, model=model)
+
+
 class _SameSizeView(nn.Module):
     def forward(self, x):
         y = torch.matmul(x, x.transpose(-1, -2))
