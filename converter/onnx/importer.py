@@ -10,6 +10,8 @@ target, quantization and report works on it unchanged. At build time:
   whose shape ONNX inference knows) are folded here, in Python, so the captured graph has static
   sizes wherever the file allows; what depends on a dynamic dim is folded while tracing, on
   numpy arrays of SymInts;
+- node patterns a backend runs better as one op are then folded (converter/onnx/fuse.py): GELU written
+  out as Erf/Tanh arithmetic -> one GELU, MatMul + Add with constant weights -> one linear layer;
 - graph inputs give the signature: names kept (made identifiers), shapes and dtypes from the
   graph, ``dim_param`` dims dynamic (a torch.export Dim) unless ``dim_sizes`` fixes them.
 """
