@@ -30,6 +30,11 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
     RESHAPE but not a STRIDED_SLICE with a step > 1 or a shrink mask: each such op splits
     the delegated graph and runs on the slower builtin kernel between partitions."""
     shape = lw.out_shape if out_shape is None else out_shape
+    if _unbinds_permuted_lead(x, specs, shrink):
+        # one TRANSPOSE of the whole value (cached for its other pieces) instead of one per piece: a fused qkv
+        # projection viewed as heads, permute(2, 0, 3, 1, 4) and split into q, k, v (ViT) leaves each piece in a
+        # layout BATCH_MATMUL cannot read; transposed first, each piece is plain and k^T goes as adj_y
+        x = lw.with_perm(x, L.identity(x.rank))
     perm = L.drop_dims(x.perm, shrink) if shrink else x.perm
     axes = _slice_axes(x, specs, shrink)
     if axes is not None:
@@ -145,6 +150,18 @@ def _dynamic_window(x: Val, specs: dict, shrink):
         begin.append(r.start)
         size.append(len(r))
     return begin, size
+
+
+def _unbinds_permuted_lead(x: Val, specs: dict, shrink) -> bool:
+    """Whether this slice takes one index of logical dim 0 of a runtime value whose layout holds dim 0 inside
+    (not outermost) and is neither plain nor channel-last (the NHWC policy's layout, which its readers want)."""
+    if x.is_const or not x.static or x.rank < 3 or x.perm[0] == 0 or list(specs) != [0] or x.shape[0] < 2:
+        return False
+    if tuple(x.perm) == L.channel_last(x.rank):
+        return False
+    s, e, step = specs[0]
+    s = 0 if s is None else s
+    return step == 1 and (0 in shrink or (e is not None and e - s == 1))
 
 
 def _slice_views(lw, x: Val, axes, shape, perm) -> Val:

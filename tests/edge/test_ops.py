@@ -286,3 +286,20 @@ def test_div_by_constant_is_mul():
     """Attention's / sqrt(d): a MUL by the reciprocal (XNNPACK's DIV is slower)."""
     hist = _check(_Fn(lambda x: x / 3.0 + x / torch.tensor([2.0, 5.0, 7.0])), (torch.randn(2, 3),), rtol=2e-7)
     assert "DIV" not in hist and hist["MUL"] == 2, hist
+
+
+def test_fused_qkv_head_split_transposes_once():
+    """ViT's attention: a fused qkv projection viewed as heads, permute(2, 0, 3, 1, 4) and unbind into q, k, v,
+    attention, then the heads merged: one TRANSPOSE before the split (each piece plain, k^T as BATCH_MATMUL's
+    adj_y) and one for the merge, not one per piece."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(32, 96)
+
+    def f(x, w, b):
+        qkv = torch.nn.functional.linear(x, w, b).reshape(1, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        o = torch.softmax(q @ k.transpose(-1, -2) * 8**-0.5, -1) @ v
+        return o.transpose(1, 2).reshape(1, 10, 32)
+
+    hist = _check(_Fn(f, lin.weight, lin.bias), (torch.randn(1, 10, 32),))
+    assert hist["TRANSPOSE"] == 2, hist
