@@ -10,7 +10,8 @@ conversion in a fresh process:
   dynamic (batch + sequence, frames, samples, height x width, or batch for ViT): conversion time, or
   the first line of the error;
 - ours with every dim static at a fixed size, then our dynamic and static .tflite files at that size in
-  the LiteRT interpreter (1 thread, XNNPACK; inputs resized once, then set + invoke), --runs calls each,
+  the LiteRT interpreter (1 thread, XNNPACK; inputs resized once, then set + invoke), --runs calls each
+  (more for a fast model: about a second of calls, at most 500),
   the two files alternating call by call: medians of the calling thread's CPU time (time.thread_time: on
   a shared, loaded host the wall clock mostly measures waiting for a core; with 1 thread the interpreter
   runs in the calling thread) and of the wall time, the ratio dynamic / static of each (goal <= 1.05), and
@@ -303,7 +304,14 @@ def main():
                 row["peer"].update(probe(os.path.join(tmp, f"{name}.peer.tflite"), fixed, ref))
             if "error" not in row["ours"] and "error" not in row["static"]:
                 timed = {k: Timed(os.path.join(tmp, f"{name}.{k}.tflite"), fixed) for k in ("ours", "static")}
-                for _ in range(a.runs):
+                # a fast model gets more calls (about a second of each file, at most 500): 20 calls of a
+                # 1 ms model on the loaded host varied its ratio by +-4%
+                t0 = time.perf_counter()
+                timed["static"].block(1)
+                timed["static"].times.clear()
+                timed["static"].cpu.clear()
+                runs = max(a.runs, min(500, int(1.0 / max(time.perf_counter() - t0, 1e-4))))
+                for _ in range(runs):
                     for t in timed.values():
                         t.block(1)
                 for k, t in timed.items():
