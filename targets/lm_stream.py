@@ -9,6 +9,7 @@ targets.lm's in-memory path (ai-edge-quantizer on the whole flatbuffer)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 __all__ = ["STREAM_LM_FROM", "load_lazily", "streamed_scheme", "write_edge_lm_streamed"]
@@ -18,28 +19,25 @@ __all__ = ["STREAM_LM_FROM", "load_lazily", "streamed_scheme", "write_edge_lm_st
 STREAM_LM_FROM = 1 << 30
 
 
-def _float32_bytes(path: str) -> int:
-    """The float32 size of a directory's safetensors weights, from the shards' headers (no tensor is read)."""
+def _checkpoint_shapes(path: str) -> dict:
+    """{tensor name: shape} of a directory's safetensors shards, from their headers (no tensor is read)."""
     import glob
 
     from safetensors import safe_open
 
-    n = 0
+    out = {}
     for shard in glob.glob(os.path.join(path, "*.safetensors")):
         with safe_open(shard, framework="pt") as f:
             for k in f.keys():
-                shape = f.get_slice(k).get_shape()
-                size = 1
-                for d in shape:
-                    size *= int(d)
-                n += 4 * size
-    return n
+                out[k] = tuple(int(d) for d in f.get_slice(k).get_shape())
+    return out
 
 
 def load_lazily(path: str):
     """The directory's causal LM with its parameters in a file-backed spool, read one tensor at a time (cast to
     float32 as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` float32
-    bytes (a small model loads as before). Built from config.json with the parameters on the meta device and the
+    bytes (a small model loads as before) or when the checkpoint's names or shapes are not the parameters' (a
+    checkpoint transformers converts as it loads). Built from config.json with the parameters on the meta device and the
     buffers computed on the CPU (converter.lazy_weights.params_on_meta), then filled by materialize from
     safetensors_loader; the conversion pages the weights in as it reads them and gives the pages back."""
     import torch
@@ -47,12 +45,16 @@ def load_lazily(path: str):
 
     from converter.lazy_weights import materialize, params_on_meta, safetensors_loader
 
-    if _float32_bytes(path) <= STREAM_LM_FROM:
+    shapes = _checkpoint_shapes(path)
+    if 4 * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
         return None
     cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     with params_on_meta():
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, trust_remote_code=False)
     model.eval()
+    if any(shapes.get(name) != tuple(p.shape) for name, p in model.named_parameters()):
+        # checkpoint keys transformers renames or fuses as it loads (Mixtral's experts): its own loader, whole
+        return None
     _, spool = materialize(model, safetensors_loader(path))
     model.tpu_export_spool = spool  # alive as long as the model: drop_pages finds the spool by a weak reference
     return model

@@ -130,3 +130,25 @@ def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatc
         return session.run_decode().texts[0]
 
     assert reply(ours["model.litertlm"]) == reply(mem["model.litertlm"])
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "mixtral"])
+def test_a_lazily_loaded_directory_computes_what_the_whole_load_does(tmp_path, monkeypatch, arch):
+    """convert-lm's lazy directory load (parameters in a file-backed spool, buffers built by the constructors): the
+    same logits as transformers' own load; a checkpoint whose names transformers converts as it loads (Mixtral's
+    per-expert tensors, fused in transformers 5) is left to transformers (None)."""
+    import transformers
+
+    from targets import lm_stream
+    from tests.llm_models import save_model_dir
+
+    d = save_model_dir(arch, tmp_path / arch)
+    monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
+    lazy = lm_stream.load_lazily(str(d))
+    if arch == "mixtral":
+        assert lazy is None
+        return
+    whole = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 30, 100, 7]])
+    with torch.no_grad():
+        assert torch.equal(lazy(ids).logits, whole(ids).logits)
