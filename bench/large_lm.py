@@ -9,7 +9,10 @@ tokenizer (256 ids) since a bundle needs one (with bench/large.py's 32000-id mod
 tokenizer cannot print, so the text comparison says little there). Three fresh processes per model, one after the other:
 convert (targets.lm.convert_lm to the android target, prefill 32, cache 256: wall time and peak RSS = VmHWM),
 the engine (load, prefill, NEW decode steps: times and peak RSS) and transformers' greedy reply to the same
-prompt (its text must be the engine's). Check `free -g` first: the 0.6B needs ~6 GB at its peak.
+prompt (its text must be the engine's). Memory: the conversion stays under ~1 GiB (the directory is read into a
+file-backed spool), the engine about the bundle's size, transformers' reference the float32 weights (skip it with
+--no-reference for the 3B). Disk: the spool (float32 weights), the spill file of folded weights, the outputs and
+the engine's XNNPACK cache beside the bundle (as large as a float bundle): ~4.5x the float32 weights at the peak.
 """
 
 from __future__ import annotations
