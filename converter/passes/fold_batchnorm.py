@@ -23,7 +23,9 @@ def _fold_one(prog, sig, bn) -> bool:
     x, gamma, beta, mean, var = bn.args[:5]
     eps = bn.args[6] if len(bn.args) > 6 else bn.kwargs.get("eps", 1e-5)
     producer = x
-    if not isinstance(producer, torch.fx.Node) or len(producer.users) != 1:
+    # aten.sym_size.int readers (dynamic dims: a later op reads this value's sizes) do not count: the folded
+    # producer has the same sizes
+    if not isinstance(producer, torch.fx.Node) or sum(u.target is not aten.sym_size.int for u in producer.users) != 1:
         return False
     stats = [weight_of(prog, a) if a is not None else None for a in (gamma, beta, mean, var)]
     if (stats[2] is None or stats[3] is None or (gamma is not None and stats[0] is None)

@@ -61,6 +61,23 @@ def test_batchnorm_folding(transposed, groups):
     assert_matches(prog, m, (x,))
 
 
+def test_batchnorm_folded_when_the_conv_output_is_also_read_for_its_sizes():
+    """Dynamic H/W: torch.export adds aten.sym_size.int readers of a conv output whose sizes a later op reads
+    (LR-ASPP's `interpolate(size=low.shape[-2:])`); reading a size does not stop the fold (the folded conv has the
+    same sizes), else the BN stays a MUL + ADD over the feature map."""
+    from tests.zoo import build
+
+    m, _ = build("lraspp")
+    hq, wq = torch.export.Dim("hq", min=2, max=8), torch.export.Dim("wq", min=2, max=8)
+    prog = prepare(m, (_x(1, 3, 64, 48),), dynamic_shapes=({2: 16 * hq, 3: 16 * wq},))
+    graph = prog.signature().graph
+    convs = [n for n in graph.nodes if n.target == torch.ops.aten.convolution.default]
+    assert any(u.target == torch.ops.aten.sym_size.int for c in convs for u in c.users), "no size reader: not tested"
+    assert "aten._native_batch_norm_legit_no_training.default" not in prog.signature().op_histogram()
+    for size in ((1, 3, 64, 48), (1, 3, 32, 80)):
+        assert_matches(prog, m, (_x(*size),))
+
+
 def test_batchnorm_not_folded_when_conv_output_is_shared():
     class M(torch.nn.Module):
         def __init__(self):
