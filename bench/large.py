@@ -18,6 +18,8 @@ Modes (ours unless named):
            they are written
   loader_int4  loader + quant_config="dynamic_int4_block32": the same weights int4 in blocks of 32
   phases   stream's steps timed one by one (capture, lowering, write), printed in the row
+  tpu      the module loaded in memory, tpu_export.convert(..., targets=["tpu-v6e"]): the TPU artifact (export,
+           weights streamed into weights.safetensors, libtpu AOT compile for one v6e chip); size = the folder's
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
 Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4);
@@ -162,6 +164,22 @@ def worker(mode: str, folder: str, out: str) -> None:
     elif mode == "peer":
         model = litert_torch.convert(module, (ids,), lightweight_conversion=True)
         model.export(out)
+    elif mode == "tpu":  # a TPU artifact for one v6e chip (export + libtpu AOT compile), the module in memory
+        import shutil
+
+        import tpu_export
+
+        folder_out = out + ".tpu"
+        shutil.rmtree(folder_out, ignore_errors=True)
+        written = tpu_export.convert(module, (ids,), targets=["tpu-v6e"], out_dir=folder_out)
+        convert_s = time.perf_counter() - t0
+        art = written["tpu-v6e"]
+        size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(art) for f in fs)
+        print(json.dumps({"mode": mode, "convert_s": round(convert_s, 1),
+                          "process_s": round(time.perf_counter() - t_start, 1),
+                          "peak_rss_gb": round(_peak_rss() / 2**30, 2), "size_gb": round(size / 2**30, 3)}))
+        shutil.rmtree(folder_out, ignore_errors=True)
+        return
     elif mode == "memory":
         model = litert_torch.convert(module, (ids,))
         model.export(out)
@@ -241,7 +259,8 @@ def main():
                 row["rel_err"] = check_output(out, folder)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            os.remove(out)
+            if os.path.exists(out):
+                os.remove(out)
     print()
     print(f"{'model':10s} {'mode':7s} {'weights GB':>10s} {'convert s':>9s} {'peak RSS GB':>11s} {'x weights':>9s} "
           f"{'.tflite GB':>10s}")
