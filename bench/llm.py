@@ -184,6 +184,8 @@ def run_measured(cmd, env=None, timeout=3600, rss_limit_mb=None) -> dict:
             "vmhwm_mb": usage.ru_maxrss / 1024, "rc": p.returncode}
     if rss.over:
         info["error"] = f"stopped: its process tree passed {rss_limit_mb:.0f} MB resident (--rss-limit-mb)"
+    elif p.returncode < 0:
+        info["error"] = f"killed by signal {-p.returncode} after {wall:.0f} s (out of memory, or stopped by hand)"
     elif p.returncode != 0:
         info["error"] = (err.strip().splitlines() or ["?"])[-1][:300]
     for line in reversed(out.strip().splitlines()):
