@@ -3,7 +3,8 @@ segmentation models (one per family, published width, random weights, BatchNorm 
 the test zoo does) and transformers' encoders at base size.
 
 torchvision does not import in the project's venv (its ``_C`` links CUDA libraries; ARCHITECTURE.md), but
-its model code is pure Python: the bench takes it from a side install that is not on the venv's path,
+its model code is pure Python: the bench takes it from a side install that is not on the venv's path, made
+by the bench on first use,
 
     .venv/bin/python -m pip install --no-deps --target .bench-venv-tv torchvision==0.28.0 pillow
 
@@ -41,9 +42,11 @@ _BIG = 10**11
 def _torchvision():
     if "torchvision" in sys.modules:
         return sys.modules["torchvision"]
-    if not os.path.isdir(os.path.join(TV_DIR, "torchvision")):
-        raise RuntimeError(f"{TV_DIR} has no torchvision: .venv/bin/python -m pip install --no-deps "
-                           f"--target .bench-venv-tv torchvision==0.28.0 pillow")
+    if not os.path.isdir(os.path.join(TV_DIR, "torchvision")):  # the bench installs its side copy itself
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", TV_DIR,
+                        "torchvision==0.28.0", "pillow"], check=True)
     lib = torch.library.Library("torchvision", "DEF")  # schemas only, for torchvision's register_fake calls
     for op in ("nms", "qnms"):
         lib.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
