@@ -182,6 +182,22 @@ def test_bf16_tpu_artifact_has_bf16_caches_a_decode_report_and_generates(model_d
     assert res.tokens[:4] == reference["tokens"][:4] and len(res.tokens) == NEW
 
 
+def test_cache_dir_makes_a_second_tpu_conversion_a_hit(model_dir, tmp_path, monkeypatch):
+    """convert-lm --cache-dir DIR: the second conversion of the same model reuses every signature's executable."""
+    monkeypatch.delenv("TPU_EXPORT_AOT_CACHE", raising=False)
+    argv = ["convert-lm", str(model_dir), "--target", "tpu-v6e:dtype=bfloat16", "--prefill", "8", "--cache", "64",
+            "--cache-dir", str(tmp_path / "cache"), "--quiet"]
+
+    def cache_states(o):
+        (report,) = list(o.glob("tpu-v6e/model.tpuexp/compiled/*/report.json"))
+        return {k: v["compile_cache"] for k, v in json.loads(report.read_text())["signatures"].items()}
+
+    assert main(argv + ["-o", str(tmp_path / "a")]) == 0
+    assert cache_states(tmp_path / "a") == {"prefill_8": "miss", "decode": "miss"}
+    assert main(argv + ["-o", str(tmp_path / "b")]) == 0
+    assert cache_states(tmp_path / "b") == {"prefill_8": "hit", "decode": "hit"}
+
+
 def test_the_torch_model_is_freed_before_the_last_edge_target_quantizes(model_dir, tmp_path):
     """convert_lm drops the Program and the model it loaded once the last target's float .tflite exists (nothing
     after reads them: bench/llm.py's Gemma-3-100M int8 peak RSS 2.22 -> 1.34 GB with the float bytes freed too), and

@@ -67,6 +67,9 @@ def add_lm_commands(sub) -> None:
     lm.add_argument("--quantize", metavar="SCHEME", help="edge: dynamic_int8, weight_only_int8, weight_only_int4, "
                                                          "dynamic_int4_block32, fp16; TPU: weight_only_int8 "
                                                          "(per target: NAME:quantize=S)")
+    lm.add_argument("--cache-dir", metavar="DIR",
+                    help="TPU targets: the AOT compile cache, as for convert "
+                         "(default: $TPU_EXPORT_AOT_CACHE, else none)")
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(fn=cmd_convert_lm)
 
