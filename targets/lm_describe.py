@@ -41,8 +41,10 @@ def describe_litertlm(path) -> str:
 def _signatures(path: str, begin: int, end: int) -> list[str]:
     from .tflite_io import signatures
 
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        sigs = signatures(mm[begin:end])
+    # a view of the section, not a copy of it: a bundle past 2 GB holds a model section as large
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as whole:
+        with whole[begin:end] as section:
+            sigs = signatures(section)
     out = []
     for name in sorted(sigs):
         ins = sigs[name][0]
