@@ -87,21 +87,15 @@ def median_run(infos: list) -> dict:
 
 
 class Timed:
-    """One .tflite in the LiteRT interpreter (1 thread, XNNPACK), fed the model's inputs."""
+    """One .tflite in the LiteRT interpreter (1 thread, XNNPACK): ``feed(input details) -> {name: array}`` builds
+    its inputs once; three warm-up calls, then ``block(n)`` times n calls (ms in ``times``)."""
 
-    def __init__(self, path, inputs, params):
+    def __init__(self, path, feed):
         from ai_edge_litert.interpreter import Interpreter
 
         it = Interpreter(model_path=path, num_threads=1)
         self.runner = it.get_signature_runner()
-        names = list(it.get_signature_list()["serving_default"]["inputs"])
-
-        def position(n):  # ours: forward's parameter names; the peer: args_0, args_1, ...
-            return params.index(n) if n in params else int(n.rsplit("_", 1)[-1])
-
-        details = self.runner.get_input_details()
-        # int64 ids -> the model's int32
-        self.feed = {n: inputs[position(n)].astype(details[n]["dtype"]) for n in names}
+        self.feed = feed(self.runner.get_input_details())
         for _ in range(3):
             self.out = self.runner(**self.feed)
         self.times = []
@@ -111,6 +105,15 @@ class Timed:
             t = time.perf_counter()
             self.runner(**self.feed)
             self.times.append((time.perf_counter() - t) * 1e3)
+
+
+def feed_by_position(inputs, params):
+    """The model's inputs by signature name: ours are forward's parameter names, the peer's args_0, args_1, ...;
+    each cast to the input's dtype (int64 ids -> the model's int32)."""
+    def position(n):
+        return params.index(n) if n in params else int(n.rsplit("_", 1)[-1])
+
+    return lambda details: {n: inputs[position(n)].astype(d["dtype"]) for n, d in details.items()}
 
 
 def latencies_ms(timed: dict, runs: int) -> dict:
@@ -182,7 +185,7 @@ def main():
                 if impl == "peer":  # the peer keeps int64 ids
                     feed = [x.numpy() for x in args]
                 try:
-                    timed[impl] = Timed(out, feed, params)
+                    timed[impl] = Timed(out, feed_by_position(feed, params))
                     info.update(size=os.path.getsize(out), rel_err=rel_err(timed[impl].out, ref))
                 except Exception as e:  # noqa: BLE001
                     info.update(error=f"run: {e}"[:200])

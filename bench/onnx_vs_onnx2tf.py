@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -109,33 +108,22 @@ def _key(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.lower())
 
 
-class Timed:
-    """One .tflite in the LiteRT interpreter (1 thread, XNNPACK), fed the ONNX inputs (NHWC where it asks)."""
-
-    def __init__(self, path, inputs: dict):
-        from ai_edge_litert.interpreter import Interpreter
-
-        it = Interpreter(model_path=path, num_threads=1)
-        self.runner = it.get_signature_runner()
-        details = self.runner.get_input_details()
+def onnx_feed(inputs: dict):
+    """The ONNX inputs by signature name (matched ignoring case and punctuation, else by position), NCHW images
+    transposed where the .tflite asks NHWC (both converters give NHWC image inputs), cast to its dtypes."""
+    def feed(details):
         by_key = {_key(n): a for n, a in inputs.items()}
         order = list(inputs.values())
-        self.feed = {}
+        out = {}
         for i, (n, d) in enumerate(details.items()):
             a = by_key.get(_key(n), order[i] if i < len(order) else None)
             want = tuple(d["shape"])
             if a.shape != want and a.ndim == 4 and a.transpose(0, 2, 3, 1).shape == want:
-                a = a.transpose(0, 2, 3, 1)  # NCHW image -> the NHWC input both converters give
-            self.feed[n] = a.astype(d["dtype"])
-        for _ in range(3):
-            self.out = self.runner(**self.feed)
-        self.times = []
+                a = a.transpose(0, 2, 3, 1)
+            out[n] = a.astype(d["dtype"])
+        return out
 
-    def block(self, n):
-        for _ in range(n):
-            t = time.perf_counter()
-            self.runner(**self.feed)
-            self.times.append((time.perf_counter() - t) * 1e3)
+    return feed
 
 
 def _fits(g, r) -> bool:
@@ -190,7 +178,7 @@ def main():
         return
     import onnxruntime as ort
 
-    from bench.edge_vs_litert_torch import compile_our_sources, latencies_ms
+    from bench.edge_vs_litert_torch import Timed, compile_our_sources, latencies_ms
 
     peer_py = ensure_peer()
     compile_our_sources()
@@ -216,7 +204,7 @@ def main():
                 if "error" in info:
                     continue
                 try:
-                    timed[impl] = Timed(out, inputs)
+                    timed[impl] = Timed(out, onnx_feed(inputs))
                     info.update(size=os.path.getsize(out), transposes=transposes(out),
                                 rel_err=rel_err_vs(timed[impl].out, refs))
                 except Exception as e:  # noqa: BLE001 - one model's failure is a row, not the end of the run
