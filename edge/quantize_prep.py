@@ -121,6 +121,8 @@ def _rename(obj) -> None:
 
 
 def _qualifies(axis, batch_dims, table_type, table_shape, table_const, ids_type, ids_signature, s) -> bool:
+    """Whether a GATHER becomes an EMBEDDING_LOOKUP: a constant float32 2-D table on axis 0, static int32 ids (also
+    the rule of edge/quantize_stream.py's rewrite inside a ModelBuilder)."""
     return (axis == 0 and batch_dims == 0 and table_type == s.TensorType.FLOAT32 and len(table_shape) == 2
             and table_const and ids_type == s.TensorType.INT32
             and (ids_signature is None or isinstance(ids_signature, int) or all(int(d) >= 0 for d in ids_signature)))

@@ -28,6 +28,7 @@ import os
 import numpy as np
 
 from .builder import TENSOR_TYPE, ModelBuilder, _Spilled, options, schema
+from .quantize_prep import _qualifies
 
 __all__ = ["quantize_weights", "STREAM_SCHEMES"]
 
@@ -41,7 +42,7 @@ def _lookups_for_gathers(model: ModelBuilder) -> None:
     """Every GATHER of a constant float32 2-D table on axis 0 with static int32 ids becomes RESHAPE(ids -> 1-D),
     EMBEDDING_LOOKUP(ids, table), RESHAPE(rows -> the GATHER's shape) (no reshape when the ids are 1-D already)."""
     s = schema()
-    gather, f32, i32 = s.BuiltinOperator.GATHER, TENSOR_TYPE["float32"], TENSOR_TYPE["int32"]
+    gather = s.BuiltinOperator.GATHER
     for sg in model.subgraphs:
         ops = []
         for op in sg.operators:
@@ -50,9 +51,8 @@ def _lookups_for_gathers(model: ModelBuilder) -> None:
                 ops.append(op)
                 continue
             table_t, ids_t = sg.tensors[op.inputs[0]], sg.tensors[op.inputs[1]]
-            if (getattr(opts, "axis", 0) != 0 or getattr(opts, "batchDims", 0) != 0 or table_t.type != f32
-                    or len(table_t.shape) != 2 or not table_t.buffer or ids_t.type != i32
-                    or any(int(d) < 0 for d in (ids_t.shapeSignature if ids_t.shapeSignature is not None else ()))):
+            if not _qualifies(getattr(opts, "axis", 0), getattr(opts, "batchDims", 0), table_t.type, table_t.shape,
+                              bool(table_t.buffer), ids_t.type, ids_t.shapeSignature, s):
                 ops.append(op)
                 continue
             table, ids, out = int(op.inputs[0]), int(op.inputs[1]), int(op.outputs[0])
