@@ -10,6 +10,7 @@ What differs between targets (I/O dtypes, quantization, the package's files) is 
 from __future__ import annotations
 
 import dataclasses
+import mmap
 from typing import Callable
 
 import numpy as np
@@ -26,7 +27,7 @@ def _say(say):
 
 
 def _is_tflite(x) -> bool:
-    return isinstance(x, (bytes, bytearray, memoryview))
+    return isinstance(x, (bytes, bytearray, memoryview, mmap.mmap))
 
 
 def lower_for_target(prog, target, *, channel_last_io=None) -> bytes:
@@ -41,7 +42,8 @@ def lower_for_target(prog, target, *, channel_last_io=None) -> bytes:
 
 def check_for_target(prog_or_bytes, target, strict: bool = False, *, delegates=None, topology=None,
                      say=None, channel_last_io=None) -> list:
-    """Check a Program or .tflite bytes against ``target``; returns the compatibility Reports printed.
+    """Check a Program, .tflite bytes or a map of a .tflite file (edge.tflite_check.map_tflite) against
+    ``target``; returns the compatibility Reports printed.
 
     Edge targets: every delegate table of the target (or ``delegates``) reports accelerated vs
     fallback ops; ``strict`` turns any fallback into CompatibilityError naming the ops. TPU targets:
@@ -56,8 +58,11 @@ def check_for_target(prog_or_bytes, target, strict: bool = False, *, delegates=N
             topo = check_topology(t, topology)
             say(f"{t.name}: topology {topo.libtpu_name} ({topo.chips} chips, {topo.devices} devices)")
         return []
-    tflite = bytes(prog_or_bytes) if _is_tflite(prog_or_bytes) else lower_for_target(
-        prog_or_bytes, t, channel_last_io=channel_last_io)
+    if isinstance(prog_or_bytes, mmap.mmap):  # a written (maybe multi-GB) file: the checks read its tables only
+        tflite = prog_or_bytes
+    else:
+        tflite = bytes(prog_or_bytes) if _is_tflite(prog_or_bytes) else lower_for_target(
+            prog_or_bytes, t, channel_last_io=channel_last_io)
     t.check_io(tflite)
     reports = [compatibility(tflite, t, delegate=d) for d in (delegates or t.delegates)]
     for r in reports:

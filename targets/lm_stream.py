@@ -84,7 +84,7 @@ def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dic
     from edge.convert import lower_program, write_model
     from edge.tflite_check import map_tflite
 
-    from .compat import compatibility
+    from .checks import check_for_target
     from .lm import write_litertlm_bundle
 
     streams, scheme = streamed_scheme(prog, target, opts)
@@ -103,12 +103,8 @@ def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dic
         del model
         data = map_tflite(path, check=True)
         try:
-            reports = [compatibility(data, target, delegate=dl) for dl in target.delegates]
+            check_for_target(data, target, strict=opts.strict_ops, say=stages.say)
         finally:
             data.close()
-        for r in reports:
-            stages.say(r.summary())
-            if opts.strict_ops:
-                r.raise_if_fallback()
         return {"model.tflite": path, "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), path,
                                                                                 src, spec)}
