@@ -229,14 +229,16 @@ def engine_worker(bundle: str, prompt: str, threads: int, decode: int):
                            sampler_config=litert_lm.SamplerConfig(top_k=1, temperature=0.0))
     t1 = time.perf_counter()
     s.run_prefill([prompt])
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     text = s.run_decode().texts[0]
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     info = s.get_benchmark_info()
     print(json.dumps({
         "init_s": t1 - t0, "prefill_ms": 1e3 * info.last_prefill_token_count / info.last_prefill_tokens_per_second,
         "prefill_tokens": info.last_prefill_token_count, "decode_ms": 1e3 / info.last_decode_tokens_per_second,
         "decode_tokens": info.last_decode_token_count, "prefill_wall_ms": (t2 - t1) * 1e3,
+        # the process's CPU time (all its threads): unlike wall time, not the time other processes held the core
+        "decode_cpu_ms": (c3 - c2) * 1e3 / max(info.last_decode_token_count, 1),
         "decode_wall_ms_per_token": (t3 - t2) * 1e3 / max(len(ids_of(text)), 1), "text": text,
         "prompt_ids": eng.tokenize(prompt), "bos": eng.bos_token_id}))
     s.close()
