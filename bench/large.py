@@ -5,8 +5,10 @@
 Each model is a Llama-style transformers LlamaForCausalLM, random init (seeded), float32, saved once
 as a model directory (safetensors) under --work (default: $TMPDIR/tpu-export-bench-large). Each
 conversion runs in a fresh process that
-loads the model and converts `ids [1, 16] -> logits`; peak RSS is that process's VmHWM
-(everything: torch, the loaded model, the conversion), "x weights" is peak RSS / weight bytes.
+loads the model and converts `ids [1, 16] -> logits`; peak RSS is the peak of that process's tree
+(everything: torch, the loaded model, the conversion, and any child it starts, such as the TPU compile
+worker): its VmRSS summed with its descendants', polled every 0.1 s, or its own VmHWM if higher (the
+worker's own VmHWM is also in the row, worker_peak_rss_gb). "x weights" is peak RSS / weight bytes.
 
 Modes (ours unless named):
   memory   convert() with no path: the classic bytes in memory (the pre-#16 path)
@@ -19,7 +21,10 @@ Modes (ours unless named):
   loader_int4  loader + quant_config="dynamic_int4_block32": the same weights int4 in blocks of 32
   phases   stream's steps timed one by one (capture, lowering, write), printed in the row
   tpu      the module loaded in memory, tpu_export.convert(..., targets=["tpu-v6e"]): the TPU artifact (export,
-           weights streamed into weights.safetensors, libtpu AOT compile for one v6e chip); size = the folder's
+           weights streamed into weights.safetensors, libtpu AOT compile for one v6e chip); size = the folder's.
+           The compile runs in a child process (tpu_backend/compile_worker.py; the default for these sizes)
+  tpu_in_process  tpu with aot_in_process=True: libtpu's compile in the converting process
+  tpu_child  tpu with aot_in_process=False: the compile in a child whatever the size (--models tiny: its cost)
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
 Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4);
@@ -164,14 +169,16 @@ def worker(mode: str, folder: str, out: str) -> None:
     elif mode == "peer":
         model = litert_torch.convert(module, (ids,), lightweight_conversion=True)
         model.export(out)
-    elif mode == "tpu":  # a TPU artifact for one v6e chip (export + libtpu AOT compile), the module in memory
+    elif mode in ("tpu", "tpu_in_process", "tpu_child"):  # a TPU artifact for one v6e chip, the module in memory
         import shutil
 
         import tpu_export
 
         folder_out = out + ".tpu"
         shutil.rmtree(folder_out, ignore_errors=True)
-        written = tpu_export.convert(module, (ids,), targets=["tpu-v6e"], out_dir=folder_out)
+        # "tpu": the default (aot_in_process=None: a child for these sizes)
+        opts = {"tpu_in_process": {"aot_in_process": True}, "tpu_child": {"aot_in_process": False}}.get(mode, {})
+        written = tpu_export.convert(module, (ids,), targets=["tpu-v6e"], out_dir=folder_out, **opts)
         convert_s = time.perf_counter() - t0
         art = written["tpu-v6e"]
         size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(art) for f in fs)
@@ -204,6 +211,61 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _tree_rss(root: int) -> tuple[int, list[tuple[int, int]]]:
+    """Summed VmRSS of ``root`` and every descendant (bytes), and (pid, rss) of each. A sum of RSS counts
+    pages two processes share (libraries, one mmapped file) twice: an upper bound of the tree's memory."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    tree, frontier = {root}, [root]
+    while frontier:
+        p = frontier.pop()
+        for c, pp in parent.items():
+            if pp == p and c not in tree:
+                tree.add(c)
+                frontier.append(c)
+    each = []
+    for p in tree:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        each.append((p, int(line.split()[1]) * 1024))
+                        break
+        except OSError:
+            continue
+    return sum(r for _, r in each), each
+
+
+def run_polled(argv, env, *, interval: float = 0.1, trace: str | None = None):
+    """Run a worker; poll its process tree's summed RSS every ``interval`` s. Returns (CompletedProcess,
+    peak tree RSS in bytes). The worker's own VmHWM (exact, not polled) is in its JSON; the tree's peak
+    covers the children it starts (a compile worker), which VmHWM does not. ``trace``: a TSV of
+    seconds, tree RSS and process count."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+        peak, rows = 0, []
+        while p.poll() is None:
+            total, each = _tree_rss(p.pid)
+            peak = max(peak, total)
+            if trace:
+                rows.append(f"{time.perf_counter() - t0:.1f}\t{total / 2**30:.3f}\t{len(each)}")
+            time.sleep(interval)
+        out.seek(0)
+        err.seek(0)
+        r = subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read())
+    if trace:
+        with open(trace, "w") as f:
+            f.write("seconds\ttree_rss_gb\tprocesses\n" + "\n".join(rows) + "\n")
+    return r, peak
+
+
 def check_output(path: str, folder: str) -> float:
     """max rel err of the .tflite's logits vs transformers (in a fresh process: the model is big)."""
     code = f"""
@@ -228,6 +290,8 @@ def main():
     ap.add_argument("--modes", default="stream,delete,loader,peer")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "tpu-export-bench-large"))
     ap.add_argument("--check", action="store_true", help="also compare each .tflite's logits with transformers")
+    ap.add_argument("--trace", action="store_true",
+                    help="also write each run's process-tree RSS over time (<work>/<model>-<mode>.rss.tsv)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     rows = []
@@ -244,8 +308,8 @@ def main():
             out = os.path.join(a.work, f"{name}-{mode}.tflite")
             py = PEER_PY if mode in ("peer", "vit_peer") else sys.executable
             env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
-            r = subprocess.run([py, os.path.abspath(__file__), "--worker", mode, folder, out],
-                               capture_output=True, text=True, env=env)
+            r, tree = run_polled([py, os.path.abspath(__file__), "--worker", mode, folder, out], env,
+                                 trace=a.trace and f"{os.path.splitext(out)[0]}.rss.tsv")
             if r.returncode != 0:
                 print(f"{name} {mode}: failed: {r.stderr.strip().splitlines()[-1:]}", flush=True)
                 continue
@@ -253,6 +317,10 @@ def main():
             for line in r.stderr.splitlines():
                 if line.startswith('{"capture_s"'):
                     row.update(json.loads(line))
+            # the process tree's peak (a worker's own children, e.g. the TPU compile worker, summed with it);
+            # the worker's own VmHWM stays in the row as worker_peak_rss_gb
+            row["worker_peak_rss_gb"] = row["peak_rss_gb"]
+            row["peak_rss_gb"] = round(max(tree, row["peak_rss_gb"] * 2**30) / 2**30, 2)
             row.update(model=name, weights_gb=round(wbytes / 2**30, 2),
                        x_weights=round(row["peak_rss_gb"] * 2**30 / wbytes, 2))
             if a.check:

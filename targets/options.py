@@ -70,6 +70,7 @@ _TYPES = {
     "mesh": (lambda v: True, ""),  # checked by tpu_backend.sharding.MeshSpec below
     "partition_rules": (lambda v: True, ""),
     "aot": (lambda v: isinstance(v, bool), "True or False"),
+    "aot_in_process": (_bool_or_none, "True (compile in this process), False (in a child process) or None (auto)"),
 }
 
 
@@ -174,11 +175,15 @@ class XlaOptions(_Options):
 
 @dataclasses.dataclass(frozen=True)
 class TpuOptions(XlaOptions):
-    """Options of a TPU chip target: XlaOptions plus ``topology`` (None: the target's default) and ``aot``
-    (AOT-compile for the chip when libtpu is installed)."""
+    """Options of a TPU chip target: XlaOptions plus ``topology`` (None: the target's default), ``aot``
+    (AOT-compile for the chip when libtpu is installed) and ``aot_in_process``: False compiles in a child
+    process (tpu_backend/compile_worker.py: libtpu's compile memory is gone before the save reads the
+    weights), True in this one, None (default) a child for 256 MiB of weights or more on a host with no TPU
+    attached (tpu_backend.aot.in_child_by_default)."""
 
     topology: str | None = None
     aot: bool = True
+    aot_in_process: bool | None = None
 
     def _check_values(self, target) -> None:
         super()._check_values(target)

@@ -55,7 +55,7 @@ def write_tpu_artifact(prog, target, opts, path: str, say, *, export=None) -> di
         if importlib.util.find_spec("libtpu") is not None:
             topology = opts.topology or t.default_topology
             say(f"{t.name}: AOT-compiling for {topology} with libtpu")
-            compiled = bundle.compile_for(t.name, topology)
+            compiled = bundle.compile_for(t.name, topology, in_process=opts.aot_in_process)
             info["aot"] = {"topology": topology, "report": getattr(compiled, "report", None)}
         else:
             say(f"{t.name}: libtpu is not installed; writing StableHLO only (pip install 'libtpu==0.0.42.*' "

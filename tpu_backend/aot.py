@@ -24,6 +24,7 @@ Notes on libtpu on a CPU-only host (measured with jax 0.10.2 / libtpu 0.0.42):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -35,12 +36,12 @@ from .artifact.report import build_report, figures_of
 from .artifact.versions import runtime_versions
 from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
 from .compile_cache import cache_folder
-from .export import x64_scope
 from .host import prepare_cpu_host
 from .sharding import named_sharding
 
 __all__ = ["compile_for", "compile_many", "compile_on_devices", "topology_devices", "HbmOverflowError", "AotError",
-           "InvalidTopologyError", "prepare_cpu_host"]
+           "InvalidTopologyError", "prepare_cpu_host", "signature_job", "compile_signature", "finish_target",
+           "in_child_by_default", "CHILD_MIN_WEIGHT_BYTES"]
 
 class AotError(RuntimeError):
     """The TPU compiler refused the program."""
@@ -81,7 +82,8 @@ def topology_devices(topo: Topology) -> list:
 
 
 def compile_for(bundle, target: str, topology: str | None = None, *, dim_values: dict | None = None,
-                hbm_bytes: int | None = None, signatures=None, cache_dir=None) -> CompiledTarget:
+                hbm_bytes: int | None = None, signatures=None, cache_dir=None, in_process: bool | None = None,
+                timeout_s: float | None = None) -> CompiledTarget:
     """Compile every signature of ``bundle`` for ``target`` (``tpu-v5e``, ``tpu-v6e``, ``tpu-v5p``,
     ``tpu-v7x``) on ``topology`` (e.g. ``"2x2"``; default: one chip), record executables and
     the cost/memory report in the bundle, and return them.
@@ -90,12 +92,23 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
     that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
     ``cache_dir``: a folder of compiled executables to reuse (default: $TPU_EXPORT_AOT_CACHE, else none;
     False: none); see tpu_backend/compile_cache.py.
+    ``in_process``: False compiles in a child process (tpu_backend/compile_worker.py), so libtpu's compile
+    memory goes back to the OS when it exits; True in this one; None (default): a child for a bundle of
+    ``CHILD_MIN_WEIGHT_BYTES`` or more of weights on a host with no TPU attached (``in_child_by_default``).
+    ``timeout_s``: the child's time limit (default: compile_worker.DEFAULT_TIMEOUT_S).
     """
     prepare_cpu_host()  # before jax's backends start, if this is the process's first jax use
     topo = parse_topology(target, topology)
     if "tpu" not in bundle.platforms:
         raise AotError(f"the bundle was exported for {list(bundle.platforms)}; AOT for {topo.chip.target} needs "
                        "platforms including 'tpu'")
+    if in_process is None:
+        in_process = not in_child_by_default(bundle)
+    if not in_process:
+        from .compile_worker import compile_in_child
+
+        return compile_in_child(bundle, topo, dim_values=dim_values, hbm_bytes=hbm_bytes, signatures=signatures,
+                                cache_dir=cache_dir, timeout_s=timeout_s)
     devices = topology_devices(topo)
     return compile_on_devices(bundle, devices, target=topo.chip.target, topology=topo.shape, chip=topo.chip,
                               dim_values=dim_values, hbm_bytes=hbm_bytes, signatures=signatures,
@@ -103,6 +116,23 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
 
 
 _RECORD = threading.Lock()
+
+# Where a child pays for itself (in_child_by_default; bench/large.py --modes tpu,tpu_child,tpu_in_process measures
+# the process tree): below this the weights the save reads after the compile weigh less than the child's own jax
+# + libtpu, so a child raises the tree's peak instead of lowering it
+CHILD_MIN_WEIGHT_BYTES = 256 * 2**20
+
+
+def in_child_by_default(bundle) -> bool:
+    """compile_for's default: a child process for a bundle of CHILD_MIN_WEIGHT_BYTES or more of weights on a host
+    with no TPU attached. A child costs its own jax + libtpu start (~3 s) and holds its own copy of them while
+    it compiles: worth it only where the weights, read after the compile, would otherwise sit on top of
+    libtpu's compile memory. On a TPU host the chips belong to this process's libtpu: compile here."""
+    from .host import tpu_attached
+
+    if tpu_attached():
+        return False
+    return sum(w.element_size() * w.numel() for w in bundle.weights.values()) >= CHILD_MIN_WEIGHT_BYTES
 
 
 def compile_many(bundle, targets, *, max_workers: int | None = None, **kw) -> list[CompiledTarget]:
@@ -114,8 +144,12 @@ def compile_many(bundle, targets, *, max_workers: int | None = None, **kw) -> li
 
     prepare_cpu_host()
     pairs = [(t, None) if isinstance(t, str) else tuple(t) for t in targets]
+    in_process = kw.get("in_process")
+    if in_process is None:
+        kw["in_process"] = in_process = not in_child_by_default(bundle)
     for t, topo in pairs:  # describe every slice first: libtpu's topology set-up is not for threads
-        topology_devices(parse_topology(t, topo))
+        if in_process:  # (each child describes its own)
+            topology_devices(parse_topology(t, topo))
     workers = max(1, min(len(pairs), max_workers or os.cpu_count() or 1))
     with ThreadPoolExecutor(workers, thread_name_prefix="tpu-aot") as ex:
         futures = [ex.submit(compile_for, bundle, t, topo, **kw) for t, topo in pairs]
@@ -127,30 +161,50 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
                        cache_dir=None) -> CompiledTarget:
     """Compile for the given devices: compile-only TPU devices of a topology, or devices jax
     already runs (e.g. the local CPU, or an attached TPU)."""
-    n = bundle.mesh.size if bundle.mesh is not None else 1
-    if n > len(devices):
-        raise AotError(f"the program is sharded over {n} devices ({bundle.mesh.describe()}); "
-                       f"{target} {topology} has {len(devices)}")
-    mesh = bundle.mesh.concrete(devices) if bundle.mesh is not None else None
-    used = list(mesh.devices.flat) if mesh is not None else devices[:1]
-    platform = used[0].platform
+    from .export import x64_scope
+
+    mesh, used = placed_devices(bundle.mesh, devices, target, topology)
     hbm = hbm_bytes if hbm_bytes is not None else (chip.hbm_bytes_per_device if chip else None)
     names = list(signatures) if signatures is not None else list(bundle.signatures)
 
     compiled, per_sig = {}, {}
     for name in names:
         sig = bundle.signatures[name]
+        job = signature_job(bundle, sig, dim_values)
         with x64_scope(bundle.enable_x64):
-            cs, figures = _compile_signature(bundle, sig, used, mesh, dim_values, hbm, target, topology,
+            raw, figures = compile_signature(sig.exported, job, used, mesh, hbm, target, topology,
                                              (cache_folder(cache_dir), libtpu_topology))
-        compiled[name], per_sig[name] = cs, figures
-    report = build_report(target, topology, libtpu_topology, chip, used, bundle.mesh, per_sig, hbm)
+        compiled[name], per_sig[name] = _record(job, raw, figures), figures
+    return finish_target(bundle, compiled, per_sig, target=target, topology=topology, chip=chip, devices=used,
+                         libtpu_topology=libtpu_topology, hbm=hbm)
+
+
+def placed_devices(mesh_spec, devices: list, target: str, topology: str):
+    """(the jax Mesh or None, the devices the program runs on) for a bundle's mesh over ``devices``."""
+    n = mesh_spec.size if mesh_spec is not None else 1
+    if n > len(devices):
+        raise AotError(f"the program is sharded over {n} devices ({mesh_spec.describe()}); "
+                       f"{target} {topology} has {len(devices)}")
+    mesh = mesh_spec.concrete(devices) if mesh_spec is not None else None
+    return mesh, (list(mesh.devices.flat) if mesh is not None else devices[:1])
+
+
+def _record(job: dict, raw: bytes, figures: dict) -> CompiledSignature:
+    shapes = [list(w["shape"]) for w in job["weights"]] + [list(i["shape"]) for i in job["inputs"]]
+    return CompiledSignature(raw, shapes, figures["compile_seconds"])
+
+
+def finish_target(bundle, compiled: dict, per_sig: dict, *, target, topology, chip, devices, libtpu_topology,
+                  hbm) -> CompiledTarget:
+    """The CompiledTarget of compiled signatures (with the report), recorded in ``bundle``. ``devices``: the
+    devices used, or stand-ins with their ``platform`` and ``device_kind`` (a child compiled them)."""
+    report = build_report(target, topology, libtpu_topology, chip, devices, bundle.mesh, per_sig, hbm)
     from .llm.report import lm_report
 
     llm = lm_report(bundle, report, chip, per_sig)  # an LLM (decode + KV cache state): bytes per token, MFU
     if llm is not None:
         report["llm"] = llm
-    result = CompiledTarget(target, topology, platform, used[0].device_kind, len(used),
+    result = CompiledTarget(target, topology, devices[0].platform, devices[0].device_kind, len(devices),
                             {k: v for k, v in runtime_versions().items() if k != "tpu_export"}, compiled, report)
     with _RECORD:  # compile_many's threads record into one bundle
         bundle.compiled = [c for c in bundle.compiled if c.key != result.key] + [result]
@@ -169,31 +223,45 @@ def _concrete_dims(sig, bundle, dim_values) -> dict:
     return dims
 
 
-def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topology, cache=(None, None)):
+def signature_job(bundle, sig, dim_values=None) -> dict:
+    """What compiling one signature needs besides its exported module, as plain JSON: the concrete shapes and
+    shardings of its weights and inputs, and the inputs it donates (compile_worker's job file holds these)."""
+    from .export import donated_inputs
+
+    dims = _concrete_dims(sig, bundle, dim_values)
+    return {
+        "name": sig.name,
+        "weights": [{"shape": [int(d) for d in bundle.weights[w].shape], "sharding": bundle.weight_shardings.get(w)}
+                    for w in sig.weight_names],
+        "inputs": [{"shape": [dims[d] if isinstance(d, str) else d for d in s.shape], "sharding": s.sharding}
+                   for s in sig.inputs],
+        # the inputs the module aliases (KV caches) are donated here too, so the executable updates them in place
+        "donate": [1 + i for i in donated_inputs(sig.exported, len(sig.weight_names))],
+    }
+
+
+def compile_signature(exported, job: dict, devices, mesh, hbm, target, topology, cache=(None, None)):
+    """(executable bytes, XLA's figures) of one signature (``job``: signature_job's dict) for ``devices``, from
+    the AOT cache when ``cache`` = (folder, libtpu topology) has it. Runs here or in compile_worker's child."""
     import jax
 
     from . import compile_cache
 
-    dims = _concrete_dims(sig, bundle, dim_values)
-
     def sds(shape, dtype, sharding):
         placed = (named_sharding(mesh, sharding or []) if mesh is not None
                   else jax.sharding.SingleDeviceSharding(devices[0]))
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=placed)
+        return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=placed)
 
-    w_sds = [sds(tuple(bundle.weights[w].shape), a.dtype, bundle.weight_shardings.get(w))
-             for w, a in zip(sig.weight_names, sig.exported.in_avals)]
-    in_shapes = [[dims[d] if isinstance(d, str) else d for d in s.shape] for s in sig.inputs]
-    in_sds = [sds(tuple(shape), a.dtype, s.sharding)
-              for shape, s, a in zip(in_shapes, sig.inputs, sig.exported.in_avals[len(w_sds):])]
+    name, n_w = job["name"], len(job["weights"])
+    w_sds = [sds(w["shape"], a.dtype, w["sharding"]) for w, a in zip(job["weights"], exported.in_avals)]
+    in_shapes = [list(i["shape"]) for i in job["inputs"]]
+    in_sds = [sds(i["shape"], a.dtype, i["sharding"]) for i, a in zip(job["inputs"], exported.in_avals[n_w:])]
     t0 = time.perf_counter()
-    from .export import donated_inputs
-
-    # the inputs the module aliases (KV caches) are donated here too, so the executable updates them in place
-    donate = tuple(1 + i for i in donated_inputs(sig.exported, len(sig.weight_names)))
     folder, key, hit = cache[0], None, None
     try:
-        lowered = jax.jit(sig.exported.call, keep_unused=True, donate_argnums=donate).lower(w_sds, *in_sds)
+        with _caller_free_locations():
+            lowered = jax.jit(exported.call, keep_unused=True, donate_argnums=tuple(job["donate"])).lower(w_sds,
+                                                                                                        *in_sds)
         if folder is not None:
             key = compile_cache.cache_key(lowered.as_text(), devices, cache[1])
             hit = compile_cache.read(folder, key)
@@ -204,20 +272,20 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
             nums = [_bytes(v, u) for v, u in re.findall(r"\(([\d.]+)([KMGT]?)\)", msg)[:2]]
             needed, available = (nums + [None, None])[:2]
             raise HbmOverflowError(
-                f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) but "
+                f"signature {name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) but "
                 f"only {_gib(available)} is available (chip spec: {_gib(hbm)} per device). Fix: shard over more "
                 f"chips (mesh + partition_rules), use dtype='bfloat16', or a smaller batch. "
                 f"XLA: {msg.splitlines()[0]}",
                 needed, available,
             ) from None
-        raise AotError(f"signature {sig.name!r}: the {target} compiler failed: {msg.splitlines()[0]}") from e
+        raise AotError(f"signature {name!r}: the {target} compiler failed: {msg.splitlines()[0]}") from e
     seconds = time.perf_counter() - t0
     if hit is not None:  # the executable and XLA's figures of an earlier compile of this very module
         raw, figures = hit
         figures["compiled_seconds_when_stored"] = figures["compile_seconds"]
         figures["compile_seconds"], figures["compile_cache"] = round(seconds, 4), "hit"
-        return _checked(CompiledSignature(raw, [list(s.shape) for s in w_sds] + in_shapes, seconds), figures, hbm,
-                        sig, target, topology)
+        _checked(figures, hbm, name, target, topology)
+        return raw, figures
     figures = figures_of(compiled)
     figures["compile_seconds"] = round(seconds, 4)
     figures["input_shapes"] = in_shapes
@@ -225,33 +293,43 @@ def _compile_signature(bundle, sig, devices, mesh, dim_values, hbm, target, topo
     needed = mem["argument_bytes"] + mem["output_bytes"] + mem["temp_bytes"] + mem["generated_code_bytes"] \
         - mem["alias_bytes"]
     figures["hbm_needed_bytes_per_device"] = needed
-    if donate and devices[0].platform == "tpu":  # state (an LLM's caches): count its HBM traffic for the report
+    if job["donate"] and devices[0].platform == "tpu":  # state (an LLM's caches): its HBM traffic for the report
         from .llm.hbm import hbm_traffic_bytes
 
         figures["hbm_traffic_bytes"] = hbm_traffic_bytes(compiled.as_text())
-    _checked(None, figures, hbm, sig, target, topology)
-    raw = compiled.runtime_executable().serialize()
+    _checked(figures, hbm, name, target, topology)
+    raw = bytes(compiled.runtime_executable().serialize())
     figures["executable_bytes"] = len(raw)
-    shapes = [list(s.shape) for s in w_sds] + in_shapes
     if folder is not None:
-        compile_cache.write(folder, key, bytes(raw), {**figures, "compile_cache": "stored"})
+        compile_cache.write(folder, key, raw, {**figures, "compile_cache": "stored"})
         figures["compile_cache"] = "miss"
-    return CompiledSignature(bytes(raw), shapes, seconds), figures
+    return raw, figures
 
 
-def _checked(result, figures, hbm, sig, target, topology):
-    """``result`` when the program fits the HBM per device, else HbmOverflowError."""
+def _caller_free_locations():
+    """jax records the Python call stack of a lowering in the module's locations, and libtpu keeps them in the
+    executable: the same program compiled from two call sites (this process, compile_worker's child) differed
+    in those bytes only. Without the full traceback only the frame here is recorded: the executable is the same
+    whoever compiles it. (jax's flag has no public scoped form; thread-local, so compile_many's threads are safe.)"""
+    try:
+        from jax._src.config import include_full_tracebacks_in_locations
+    except ImportError:  # a jax without it: the bytes may carry the caller's stack, nothing else changes
+        return contextlib.nullcontext()
+    return include_full_tracebacks_in_locations(False)
+
+
+def _checked(figures, hbm, name, target, topology) -> None:
+    """HbmOverflowError unless the program fits the HBM per device."""
     needed, mem = figures["hbm_needed_bytes_per_device"], figures["memory"]
     if hbm is not None and needed > hbm:
         raise HbmOverflowError(
-            f"signature {sig.name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) "
+            f"signature {name!r} needs {_gib(needed)} of HBM per device on {target} ({topology}) "
             f"but a device has {_gib(hbm)}: arguments {_gib(mem['argument_bytes'])}, outputs "
             f"{_gib(mem['output_bytes'])}, temporaries {_gib(mem['temp_bytes'])}, code "
             f"{_gib(mem['generated_code_bytes'])}. Fix: shard the weights over more chips (mesh + "
             f"partition_rules), use dtype='bfloat16', or a smaller batch.",
             needed, hbm,
         )
-    return result, figures
 
 
 def _gib(b) -> str:

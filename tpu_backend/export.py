@@ -58,7 +58,10 @@ class ExportedBundle:
     signatures: dict[str, ExportedSignature]
     weights: dict[str, torch.Tensor]  # as stored (dtype cast applied)
     platforms: tuple[str, ...]
-    fingerprint: str
+    # the program's fingerprint (a str), or what computes it (called once, on the first read of .fingerprint):
+    # it hashes every weight, which pages in a model mmapped from safetensors, so it waits for the save, after
+    # the AOT compile (compile_worker's child then compiles before the weights come in)
+    program_fingerprint: Any
     dtype: str | None = None
     mesh: MeshSpec | None = None
     rules: PartitionRules | None = None
@@ -69,6 +72,12 @@ class ExportedBundle:
     quant_parts: dict = dataclasses.field(default_factory=dict)  # weight name -> (int8 name, scale name)
     # the runtime program a call runs, made on the first call (weights go to the device once)
     _program: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def fingerprint(self) -> str:
+        if callable(self.program_fingerprint):
+            self.program_fingerprint = self.program_fingerprint()
+        return self.program_fingerprint
 
     @property
     def quantized_weights(self) -> list[str]:
@@ -175,7 +184,7 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
             sigs[name] = _export_signature(prog.signature(name), lo, weights, platforms, mesh_spec, rules,
                                            weight_shardings)
     return ExportedBundle(
-        signatures=sigs, weights=weights, platforms=platforms, fingerprint=prog.fingerprint(),
+        signatures=sigs, weights=weights, platforms=platforms, program_fingerprint=prog.fingerprint,
         dtype=dtype, mesh=mesh_spec, rules=rules, weight_shardings=weight_shardings,
         enable_x64=prog.enable_x64,
     )
