@@ -302,3 +302,26 @@ def test_inspect_maps_the_file_instead_of_reading_it(tmp_path):
         tracemalloc.stop()
     assert peak < size // 16, f"describe allocated {peak:,} bytes for a {size:,}-byte file"
     assert f"LiteRT flatbuffer, {size:,} bytes" in text and "FULLY_CONNECTED                  1" in text
+
+
+def test_a_computed_weight_is_compared_with_the_spilled_one_and_a_view_is_matched_by_address(tmp_path):
+    """Deciding two large buffers equal (#15): a computed array (a fold, as the decode signature recomputes it) is
+    compared byte for byte with the spilled earlier copy, so equal bytes share a buffer and a one-value difference
+    off the sampled pages does not; a parameter's view read again is its buffer at once, by address."""
+    from edge.builder import ModelBuilder, _Spilled
+
+    rng = np.random.default_rng(0)
+    b = ModelBuilder()
+    b.spill_to(str(tmp_path))
+    folded = rng.standard_normal((512, 1024), dtype=np.float32)
+    first = b.buffer(folded * 2)
+    assert isinstance(b.buffers[first].data, _Spilled)
+    assert b.buffer(folded * 2) == first
+    other = folded * 2
+    other[300, 7] += 1.0  # off the 16 sampled pages
+    assert b.buffer(other) not in (first, None)
+    param = torch.nn.Parameter(torch.from_numpy(folded.copy()), requires_grad=False)
+    view = b.buffer(param.detach().numpy())
+    assert b.buffer(param.detach().numpy()) == view != first
+    assert b.buffer(param.detach().clone().numpy()) == view  # another address, the same bytes: compared
+    assert len(b.buffers) == 4
