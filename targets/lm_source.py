@@ -113,17 +113,22 @@ def _from_dir(path: str) -> LmSource:
 
 
 def _load_model(path: str):
-    import torch
-    import transformers
+    from converter.gc_pause import gc_paused
 
     try:
-        from .lm_stream import load_lazily
+        # the collector paused as for the capture: importing transformers and building the model made ~1 s of
+        # collections in the 0.84 B Llama's convert-lm (#15)
+        with gc_paused():
+            import torch
+            import transformers
 
-        lazy = load_lazily(path)  # past 1 GiB of float32 weights: parameters in a file-backed spool, not memory
-        if lazy is not None:
-            return lazy
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
+            from .lm_stream import load_lazily
+
+            lazy = load_lazily(path)  # past 1 GiB of float32 weights: parameters mapped or in a spool, not memory
+            if lazy is not None:
+                return lazy
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user gets one line naming the dir
         from converter.errors import one_line
 

@@ -1,5 +1,6 @@
 """convert-lm for a large LLM. A model directory past ``STREAM_LM_FROM`` float32 bytes is loaded with its parameters
-in a file-backed spool (``load_lazily``: one tensor in memory at a time, a bf16 directory never float32 in memory).
+mapped from its safetensors shards, or in a file-backed spool (``load_lazily``: one tensor in memory at a time, a bf16
+directory never float32 in memory).
 Its edge targets: the .tflite lowered once, its weights quantized tensor by tensor
 (edge/quantize_stream.py: ai-edge-quantizer's bytes and scales) and streamed into ``model.tflite`` (the large-model
 form past 2 GiB), and the ``.litertlm`` bundled from that file, so neither the float nor the quantized model is
@@ -38,12 +39,13 @@ def load_lazily(path: str):
     float32 as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` float32
     bytes (a small model loads as before) or when the checkpoint's names or shapes are not the parameters' (a
     checkpoint transformers converts as it loads). Built from config.json with the parameters on the meta device and the
-    buffers computed on the CPU (converter.lazy_weights.params_on_meta), then filled by materialize from
-    safetensors_loader; the conversion pages the weights in as it reads them and gives the pages back."""
+    buffers computed on the CPU (converter.lazy_weights.params_on_meta), then pointed at a private map of the shards
+    (map_safetensors: a float32 checkpoint is not copied) or filled by materialize from safetensors_loader (a bf16
+    one, cast as read); the conversion pages the weights in as it reads them and gives the pages back."""
     import torch
     import transformers
 
-    from converter.lazy_weights import materialize, params_on_meta, safetensors_loader
+    from converter.lazy_weights import map_safetensors, materialize, params_on_meta, safetensors_loader
 
     shapes = _checkpoint_shapes(path)
     if 4 * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
@@ -55,7 +57,10 @@ def load_lazily(path: str):
     if any(shapes.get(name) != tuple(p.shape) for name, p in model.named_parameters()):
         # checkpoint keys transformers renames or fuses as it loads (Mixtral's experts): its own loader, whole
         return None
-    _, spool = materialize(model, safetensors_loader(path))
+    # a checkpoint stored in the parameters' dtype is mapped where it lies (no copy); another dtype is cast into
+    # a spool as it is read
+    mapped = map_safetensors(model, path)
+    _, spool = mapped if mapped is not None else materialize(model, safetensors_loader(path))
     model.tpu_export_spool = spool  # alive as long as the model: drop_pages finds the spool by a weak reference
     return model
 
@@ -81,15 +86,24 @@ def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:
 def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dict | None:
     """{file: path} of ``model.tflite`` and ``model.litertlm`` written into ``d``, or None when this target keeps
     the in-memory path (see the module docstring)."""
+    from converter.gc_pause import gc_paused
+
+    streams, scheme = streamed_scheme(prog, target, opts)
+    if not streams:
+        return None
+    # the collector paused as for the capture: the lowering's hundreds of thousands of schema objects made its full
+    # collections ~6% of the 0.84 B Llama's convert-lm (#15); nothing here waits on a collection to free memory
+    with gc_paused():
+        return _write_streamed(prog, src, spec, target, opts, d, stages, scheme)
+
+
+def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme) -> dict:
     from edge.convert import lower_program, write_model
     from edge.tflite_check import map_tflite
 
     from .checks import check_for_target
     from .lm import write_litertlm_bundle
 
-    streams, scheme = streamed_scheme(prog, target, opts)
-    if not streams:
-        return None
     with stages("lower", "LiteRT flatbuffer (prefill and decode subgraphs, one copy of the weights; streamed)"):
         model = lower_program(prog, spill=True, spill_folder=d)
     if scheme is not None:

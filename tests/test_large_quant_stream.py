@@ -152,3 +152,33 @@ def test_a_lazily_loaded_directory_computes_what_the_whole_load_does(tmp_path, m
     ids = torch.tensor([[1, 5, 9, 30, 100, 7]])
     with torch.no_grad():
         assert torch.equal(lazy(ids).logits, whole(ids).logits)
+
+
+def test_a_float32_directory_is_mapped_where_it_lies_and_a_bf16_one_cast_into_a_spool(tmp_path, monkeypatch):
+    """The lazy load without a copy (#15): a float32 checkpoint, here in two shards, becomes private maps of its
+    shards (no spool file is written; a write to a parameter never reaches the user's file), a bf16 one is cast into
+    the spool as it is read. Both give transformers' logits exactly."""
+    import hashlib
+
+    import transformers
+
+    from converter.lazy_weights import _FileMap
+    from targets import lm_stream
+    from tests.llm_models import tiny_model
+
+    monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
+    ids = torch.tensor([[1, 5, 9, 30, 100, 7]])
+    for dtype, mapped in ((torch.float32, True), (torch.bfloat16, False)):
+        d = tmp_path / str(dtype)
+        tiny_model("llama").to(dtype).save_pretrained(d, safe_serialization=True, max_shard_size="200KB")
+        shards = sorted(d.glob("*.safetensors"))
+        assert len(shards) >= 2
+        before = [hashlib.sha256(s.read_bytes()).digest() for s in shards]
+        lazy = lm_stream.load_lazily(str(d))
+        spool = lazy.tpu_export_spool
+        assert (isinstance(spool, list) and all(isinstance(m, _FileMap) for m in spool)) == mapped
+        whole = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        with torch.no_grad():
+            assert torch.equal(lazy(ids).logits, whole(ids).logits)
+            lazy.model.embed_tokens.weight.add_(1.0)  # private: the shard on disk stays as it was
+        assert [hashlib.sha256(s.read_bytes()).digest() for s in shards] == before
