@@ -58,6 +58,10 @@ class Lowerer(LoweringContextBase):
         self.symbols: dict = {}  # sympy symbol of a dynamic input dim -> its SymVal ("dim", input, d)
         self._dims: dict = {}  # (tensor, physical dim) -> int32 [1] tensor of that dim's run-time size
         self._derived: set = set()  # symbols solved from a derived input dim ((dim - b) // a)
+        self._reshaped: dict = {}  # (tensor, static shape) -> its RESHAPE: one per signature, not one per reader
+        # what a lowering emits once per signature and reuses for every node that asks (a grouped-query mask,
+        # tiled once for all the layers reading it): key -> Val
+        self.memo: dict = {}
 
     # ------------------------------------------------------------------ current node
     def _dtype(self, torch_dtype) -> np.dtype:
@@ -184,7 +188,11 @@ class Lowerer(LoweringContextBase):
             return v.tensor
         if perm not in v.layouts:
             out_shape = v.phys_shape(perm)
-            if L.same_data_order(v.perm, perm, v.shape) and sum(d is None for d in out_shape) <= 1:
+            if None not in out_shape and out_shape == v.phys_shape() and L.same_data_order(v.perm, perm, v.shape):
+                # only size-1 dims trade places and the physical shape is the same: the tensor itself (a RoPE
+                # table unsqueezed per layer asked for a RESHAPE to its own shape, twice per layer)
+                t = v.tensor
+            elif L.same_data_order(v.perm, perm, v.shape) and sum(d is None for d in out_shape) <= 1:
                 shape = self.const_tensor([-1 if d is None else d for d in out_shape], np.int32)
                 (t,), _ = self.emit("RESHAPE", [v.tensor, shape], [out_shape], [v.dtype], suffix="reshape")
             else:
@@ -291,6 +299,17 @@ class Lowerer(LoweringContextBase):
         src, out_perm = L.plan_reshape(v.shape, v.perm, logical)
         t = self.tensor(v, src)
         phys = [new_shape[p] for p in out_perm]
+        if all(isinstance(d, int) for d in phys):
+            # the same physical shape needs no op; the same reshape of the same tensor is written once (each
+            # decoder layer unsqueezes the shared RoPE cos/sin: one RESHAPE each for all the layers)
+            src_t = self.sg.tensors[t]
+            if src_t.shapeSignature is None and tuple(phys) == tuple(src_t.shape):
+                return Val(logical, v.dtype, out_perm, tensor=t)
+            key = (t, tuple(phys))
+            if key not in self._reshaped:
+                out = self.op("RESHAPE", [t, self.shape_tensor(phys)], logical, v.dtype, out_perm)
+                self._reshaped[key] = out.tensor
+            return Val(logical, v.dtype, out_perm, tensor=self._reshaped[key])
         shape_t = self.shape_tensor(phys)
         return self.op("RESHAPE", [t, shape_t], logical, v.dtype, out_perm)
 

@@ -9,6 +9,7 @@ import operator
 import numpy as np
 import torch
 
+from . import layout as L
 from .helpers import binary
 from .lower import sym_binary
 from .ops_nn import batch_matmul
@@ -32,28 +33,58 @@ def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     qs = binary(lw, "MUL", q, float(scale), kind="Mul", shape=q.shape)
     hq, hk = (q.shape[-3], k.shape[-3]) if q.rank >= 3 else (1, 1)
     rep = hq // hk if hk and hq and hq != hk else 1
+    if is_causal:
+        causal = _causal_mask(lw, q, k) if L_ is None or S is None else \
+            lw.const(np.where(np.tril(np.ones((L_, S), bool)), 0.0, -np.inf).astype(q.dtype))
+    masks = [causal] if is_causal else []
+    if attn_mask is not None:
+        masks.append(_bool_mask(lw, attn_mask, q.dtype) if attn_mask.dtype == np.bool_ else attn_mask)
+    folded = rep > 1 and all(_foldable(m) for m in masks)
     if rep > 1:  # grouped-query attention: fold the q heads of one kv head into its rows
         qs = lw.reshape(qs, qd[:-3] + [hk, sym_binary(operator.mul, rep, qd[-2]), e])
     scores_shape = tuple(qs.shape[:-1]) + (S,)
     s = batch_matmul(lw, qs, Val(k.shape[:-2] + (k.shape[-1], S), k.dtype, _swap_last(k.perm), tensor=k.tensor,
                                  const=None if not k.is_const else np.swapaxes(k.const, -1, -2)), shape=scores_shape)
-    if rep > 1:
+    if folded:
+        # every mask reads the same in the folded rows [kv heads, rep * L, S]: the scores stay folded through
+        # the mask and the softmax (two RESHAPEs per layer fewer; a decode step's [1, 1, 1, S] mask broadcasts)
+        masks = [_grouped_mask(lw, m, rep) for m in masks]
+    elif rep > 1:
         s = lw.reshape(s, qd[:-1] + [lw.dim(k, k.rank - 2)])
-    if is_causal:
-        mask = _causal_mask(lw, q, k) if L_ is None or S is None else \
-            lw.const(np.where(np.tril(np.ones((L_, S), bool)), 0.0, -np.inf).astype(q.dtype))
-        s = binary(lw, "ADD", s, mask, kind="Add", shape=s.shape)
-    if attn_mask is not None:
-        if attn_mask.dtype == np.bool_:
-            attn_mask = _bool_mask(lw, attn_mask, q.dtype)
-        s = binary(lw, "ADD", s, attn_mask, kind="Add", shape=s.shape)
+    for m in masks:
+        s = binary(lw, "ADD", s, m, kind="Add", shape=s.shape)
     p = softmax(lw, "SOFTMAX", s, s.rank - 1)
-    if rep > 1:
+    if rep > 1 and not folded:
         p = lw.reshape(p, qd[:-3] + [hk, sym_binary(operator.mul, rep, qd[-2]), lw.dim(k, k.rank - 2)])
     o = batch_matmul(lw, p, v, shape=tuple(p.shape[:-1]) + (v.shape[-1],))
     if rep > 1:
         o = lw.reshape(o, qd[:-1] + [v.shape[-1]])
     return o
+
+
+def _foldable(m: Val) -> bool:
+    """A mask that reads the same for every query head of a group (no head dim) with a static row count."""
+    if m.rank >= 3 and m.shape[-3] != 1:
+        return False
+    return m.rank < 2 or m.shape[-2] == 1 or (m.shape[-2] is not None and m.shape[-1] is not None)
+
+
+def _grouped_mask(lw, m: Val, rep: int) -> Val:
+    """A ``_foldable`` additive mask (broadcast against scores [..., Hq, L, S]) for the folded scores
+    [..., Hkv, rep * L, S] (row r * L + t is query head r of the group at position t): as it is when it has one
+    row (decode), else its rows tiled ``rep`` times, once per signature for all the layers reading it."""
+    if m.rank < 2 or m.shape[-2] == 1:
+        return m
+    axis = m.rank - 2
+    if m.is_const:
+        return lw.const(np.concatenate([m.const] * rep, axis=axis))
+    key = ("sdpa_grouped_mask", m.tensor, tuple(m.perm), rep)
+    if key not in lw.memo:
+        t = lw.tensor(m, L.identity(m.rank))
+        shape = m.shape[:axis] + (m.shape[axis] * rep,) + m.shape[axis + 1:]
+        lw.memo[key] = lw.op("CONCATENATION", [t] * rep, shape, m.dtype,
+                             opts=lw.options("Concatenation", axis=axis, fusedActivationFunction=0), suffix="gqa_mask")
+    return lw.memo[key]
 
 
 def _causal_mask(lw, q: Val, k: Val) -> Val:
@@ -79,5 +110,8 @@ def _swap_last(perm):
 def _bool_mask(lw, m: Val, dtype):
     if m.is_const:
         return lw.const(np.where(m.const, 0.0, -np.inf).astype(dtype))
-    zero, ninf = lw.const(np.array(0.0, dtype)), lw.const(np.array(-np.inf, dtype))
-    return lw.op("SELECT_V2", [lw.tensor(m), lw.tensor(zero), lw.tensor(ninf)], m.shape, dtype, m.perm)
+    key = ("sdpa_bool_mask", m.tensor, tuple(m.perm), np.dtype(dtype).name)  # once for all the layers reading m
+    if key not in lw.memo:
+        zero, ninf = lw.const(np.array(0.0, dtype)), lw.const(np.array(-np.inf, dtype))
+        lw.memo[key] = lw.op("SELECT_V2", [lw.tensor(m), lw.tensor(zero), lw.tensor(ninf)], m.shape, dtype, m.perm)
+    return lw.memo[key]
