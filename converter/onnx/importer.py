@@ -59,7 +59,15 @@ def import_onnx(model, sample_args=None, *, dim_sizes=None, base_dir=None) -> Im
     Dim each, one per name, shared by every input that uses it). ``sample_args``: tensors to trace with
     (default: seeded random values of the graph inputs' shapes and dtypes).
     """
-    proto, where = load_model(model, base_dir)
+    proto, where, mapped = load_model(model, base_dir)
+    try:
+        return _import(proto, where, mapped, sample_args, dim_sizes)
+    finally:
+        if mapped is not None:
+            mapped.close()  # each weight the module keeps was copied out of the file's map
+
+
+def _import(proto, where, mapped, sample_args, dim_sizes) -> ImportedOnnx:
     opsets = {(o.domain or ""): o.version for o in proto.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx", 0))
     if not ONNX_OPSETS[0] <= opset <= ONNX_OPSETS[1]:
@@ -74,10 +82,10 @@ def import_onnx(model, sample_args=None, *, dim_sizes=None, base_dir=None) -> Im
                                       f"the importer does not know (it takes ai.onnx and {CONTRIB_DOMAIN}). Fix: "
                                       "re-export without custom ops, or inline the model's local functions")
     dim_sizes = dict(dim_sizes or {})
-    inferred = check_and_infer(proto, where, {k: v for k, v in dim_sizes.items() if isinstance(v, int)})
+    inferred = check_and_infer(proto, where, {k: v for k, v in dim_sizes.items() if isinstance(v, int)}, mapped)
     init_names = {t.name for t in proto.graph.initializer}
     graph_inputs = [vi for vi in proto.graph.input if vi.name not in init_names]
-    graph = build_graph(proto, inferred, where, opset)
+    graph = build_graph(proto, inferred, where, opset, mapped)
     samples, dyn, names = _signature(graph_inputs, sample_args, dim_sizes, where)
     outputs = [o.name for o in proto.graph.output]
     module = OnnxModule(graph, [vi.name for vi in graph_inputs], outputs, where).eval()

@@ -14,6 +14,7 @@ import contextlib
 import os
 
 from ..errors import ConversionError, one_line
+from .wire import RAW_ITEMSIZE, parse_mapped, plain_raw
 
 __all__ = ["OnnxImportError", "load_model", "check_and_infer", "tensor_nbytes"]
 
@@ -23,18 +24,20 @@ class OnnxImportError(ConversionError):
 
 
 def load_model(model, base_dir: str | None = None):
-    """A ModelProto from a path, bytes or a ModelProto, with external data loaded (safely)."""
+    """(ModelProto, where, MappedWeights or None) from a path, bytes or a ModelProto, with external data loaded
+    (safely). From a path, the large weights stay in a map of the file (converter/onnx/wire.py): their
+    initializers hold no raw_data, ``MappedWeights`` has their bytes; the caller closes it."""
     import onnx
 
     where = "<ModelProto>"
+    mapped = None
     if isinstance(model, (str, os.PathLike)):
         where = os.fspath(model)
         if not os.path.isfile(where):
             raise OnnxImportError(f"{where}: no such file. Fix: give the path of an .onnx file")
         base_dir = os.path.dirname(os.path.abspath(where))
         try:
-            with open(where, "rb") as f:
-                proto = onnx.load_model_from_string(f.read())
+            proto, mapped = parse_mapped(where)
         except Exception as e:  # noqa: BLE001 - protobuf's DecodeError and friends
             raise OnnxImportError(f"{where}: not a valid ONNX protobuf ({type(e).__name__}: {one_line(e, 200)}). "
                                   "Fix: re-export the model, or check the file is not truncated") from None
@@ -50,11 +53,16 @@ def load_model(model, base_dir: str | None = None):
             proto.CopyFrom(model)  # external data is filled into a copy: the caller's proto stays as it was
     else:
         raise OnnxImportError(f"cannot import a {type(model).__name__}; give an onnx.ModelProto or an .onnx path")
-    if not proto.HasField("graph") or not proto.opset_import:
-        raise OnnxImportError(f"{where}: not an ONNX model (no graph or no opset_import). "
-                              "Fix: give an .onnx model file")
-    _load_external(proto, base_dir, where)
-    return proto, where
+    try:
+        if not proto.HasField("graph") or not proto.opset_import:
+            raise OnnxImportError(f"{where}: not an ONNX model (no graph or no opset_import). "
+                                  "Fix: give an .onnx model file")
+        _load_external(proto, base_dir, where)
+    except BaseException:
+        if mapped is not None:
+            mapped.close()
+        raise
+    return proto, where, mapped
 
 
 def tensor_nbytes(t) -> int | None:
@@ -126,19 +134,20 @@ def _load_external(proto, base_dir, where) -> None:
         t.data_location = TensorProto.DEFAULT
 
 
-def check_and_infer(proto, where: str, fixed_dims: dict | None = None):
+def check_and_infer(proto, where: str, fixed_dims: dict | None = None, mapped=None):
     """onnx.checker on the model, then shape inference (with ``fixed_dims`` {dim_param: size} set on the
     graph inputs first, so that shapes depending on them become static).
 
-    Both run on a copy without the weight bytes: check_model serializes the whole model and parses it back in
-    C++ (with the ByteSize that picked the in-memory or the file form: ~2.7 s of CPU for bert-base's 440 MB,
-    none of it on a weight's values). The checker's only test of a plain raw weight's data (its raw_data holds
-    the bytes its dtype and shape need) is made here, on the real tensor, with the checker's words."""
+    Both run on a copy without the large weights' bytes (those ``mapped`` holds have none in the proto):
+    check_model serializes the whole model and parses it back in C++ (with the ByteSize that picked the
+    in-memory or the file form: ~2.7 s of CPU for bert-base's 440 MB, none of it on a weight's values). The
+    checker's only test of a plain raw weight's data (its raw_data holds the bytes its dtype and shape need)
+    is made here, in the checker's words."""
     import onnx
 
-    lite, stand_ins, stripped = _without_weights(proto)  # the weights' bytes are checked here, the rest by onnx
-    for t in stripped:
-        _check_raw(t, where)
+    lite, stand_ins, stripped = _without_weights(proto, mapped)
+    for t, have in stripped:
+        _check_raw(t, len(t.raw_data) if have is None else have, where)
     try:
         if lite.ByteSize() < (1 << 31) - 1:
             with _zero_dims(stand_ins):
@@ -162,31 +171,10 @@ def check_and_infer(proto, where: str, fixed_dims: dict | None = None):
     return inferred
 
 
-# bytes per element of the raw-data types a weight is stripped for (the checker's table; sub-byte, float8 and
-# complex types keep their data in the copy and are checked by onnx.checker itself)
-_RAW_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 2, 11: 8, 12: 4, 13: 8, 16: 2}
-_TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
-
-
-def _strippable(t) -> bool:
-    """A weight whose whole checker verdict is "raw_data holds at least dims x itemsize bytes": raw data of a
-    byte-aligned type, no typed value field beside it, in the file (not external), every dim positive, not
-    small (the small ones, shape constants, stay whole: inference's data propagation reads them)."""
-    if t.data_type not in _RAW_ITEMSIZE or t.data_location == 1 or any(len(getattr(t, f)) for f in _TYPED):
-        return False
-    n = _RAW_ITEMSIZE[t.data_type]
-    for d in t.dims:
-        if d <= 0:
-            return False
-        n *= d
-    return n > 4096 and n < (1 << 62) and t.HasField("raw_data")
-
-
-def _check_raw(t, where: str) -> None:
-    want = _RAW_ITEMSIZE[t.data_type]
+def _check_raw(t, have: int, where: str) -> None:
+    want = RAW_ITEMSIZE[t.data_type]
     for d in t.dims:
         want *= d
-    have = len(t.raw_data)  # one transient copy of this tensor's bytes (upb has no length accessor)
     if have == 0:
         why = "should contain one and only one value field."
     elif have < want:
@@ -225,22 +213,27 @@ def _copy_fields(src, dst, skip: str) -> None:
             getattr(dst, fd.name).extend(v)
 
 
-def _without_weights(proto):
-    """(a copy whose large plain initializers hold no data, their stand-ins in it, those initializers), built
-    without copying the weight bytes: the checker and shape inference need the weights' types and shapes."""
+def _without_weights(proto, mapped):
+    """(a copy whose large plain initializers hold no data, their stand-ins in it, [(initializer, its data's
+    length where the map holds it, else None)]), built without copying the weight bytes: the checker and
+    shape inference need the weights' types and shapes."""
     import onnx
 
     lite = onnx.ModelProto()
     _copy_fields(proto, lite, "graph")
     _copy_fields(proto.graph, lite.graph, "initializer")
     stand_ins, stripped = [], []
-    for t in proto.graph.initializer:
-        if not _strippable(t):
+    for i, t in enumerate(proto.graph.initializer):
+        if mapped is not None and i in mapped:
+            have = mapped.length(i)
+        elif plain_raw(t) and t.HasField("raw_data"):
+            have = None  # read where checked: one transient copy of the tensor's bytes (upb has no length accessor)
+        else:
             lite.graph.initializer.append(t)  # small ones (shape constants) feed inference's data propagation
             continue
         s = lite.graph.initializer.add()  # typed and shaped, with no data
         s.name, s.data_type = t.name, t.data_type
         s.dims.extend(t.dims)
         stand_ins.append(s)
-        stripped.append(t)
+        stripped.append((t, have))
     return lite, stand_ins, stripped
