@@ -81,7 +81,7 @@ class MappedWeights:
         """Whether ``a`` is an array whose memory is the map's (a view made by ``array``, or a view of one)."""
         while isinstance(a, np.ndarray):
             a = a.base
-        return a is self._map
+        return isinstance(a, memoryview) and a.obj is self._map  # np.frombuffer keeps a memoryview of the map
 
     def close(self) -> None:
         try:

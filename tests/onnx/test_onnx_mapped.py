@@ -11,7 +11,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from converter.onnx import OnnxImportError, import_onnx
-from converter.onnx.load import load_model
+from converter.onnx.graph import build_graph
+from converter.onnx.load import check_and_infer, load_model
 from tests.numerics import rel_err
 
 
@@ -55,8 +56,15 @@ def test_large_weights_come_from_the_map_and_the_import_matches_onnxruntime(tmp_
         for i in (0, 2):
             stripped.graph.initializer[i].ClearField("raw_data")
         assert proto == stripped  # everything else is the model as onnx.load gives it
+        view = mapped.array(2, proto.graph.initializer[2], "model.onnx")
+        assert mapped.owns(view) and mapped.owns(view.T) and not view.flags.writeable
+        assert np.array_equal(view, numpy_helper.to_array(m.graph.initializer[2]))
+        del view
+        graph = build_graph(proto, check_and_infer(proto, "model.onnx", None, mapped), "model.onnx", 18, mapped)
+        assert not any(mapped.owns(v) for v in graph.consts.values())  # each weight copied out of the map
     finally:
         mapped.close()
+    assert mapped._map.closed  # no view of the map is left anywhere
     imp = import_onnx(path)
     x = np.random.RandomState(1).randn(2, 64).astype(np.float32)
     assert rel_err(imp.module(torch.from_numpy(x))["y"], _ort(m.SerializeToString(), x)) <= 1e-6
