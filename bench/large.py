@@ -58,6 +58,12 @@ CONFIGS = {
     # ~3.0 B in bfloat16 (Llama 3.2 3B's widths, a 32000 vocabulary): converted from its directory to int8
     "llama3b": dict(vocab_size=32000, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
                     num_attention_heads=24, num_key_value_heads=8, dtype="bfloat16"),
+    # ~66 M (264 MB float32): where a child compile starts to pay (tpu_backend.aot.CHILD_MIN_WEIGHT_BYTES)
+    "llama66m": dict(vocab_size=32000, hidden_size=512, intermediate_size=2048, num_hidden_layers=8,
+                     num_attention_heads=8, num_key_value_heads=8),
+    # ~107 M (426 MB float32)
+    "llama107m": dict(vocab_size=32000, hidden_size=640, intermediate_size=2560, num_hidden_layers=10,
+                      num_attention_heads=10, num_key_value_heads=10),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2),
 }
@@ -211,61 +217,6 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _tree_rss(root: int) -> tuple[int, list[tuple[int, int]]]:
-    """Summed VmRSS of ``root`` and every descendant (bytes), and (pid, rss) of each. A sum of RSS counts
-    pages two processes share (libraries, one mmapped file) twice: an upper bound of the tree's memory."""
-    parent = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    tree, frontier = {root}, [root]
-    while frontier:
-        p = frontier.pop()
-        for c, pp in parent.items():
-            if pp == p and c not in tree:
-                tree.add(c)
-                frontier.append(c)
-    each = []
-    for p in tree:
-        try:
-            with open(f"/proc/{p}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        each.append((p, int(line.split()[1]) * 1024))
-                        break
-        except OSError:
-            continue
-    return sum(r for _, r in each), each
-
-
-def run_polled(argv, env, *, interval: float = 0.1, trace: str | None = None):
-    """Run a worker; poll its process tree's summed RSS every ``interval`` s. Returns (CompletedProcess,
-    peak tree RSS in bytes). The worker's own VmHWM (exact, not polled) is in its JSON; the tree's peak
-    covers the children it starts (a compile worker), which VmHWM does not. ``trace``: a TSV of
-    seconds, tree RSS and process count."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
-        peak, rows = 0, []
-        while p.poll() is None:
-            total, each = _tree_rss(p.pid)
-            peak = max(peak, total)
-            if trace:
-                rows.append(f"{time.perf_counter() - t0:.1f}\t{total / 2**30:.3f}\t{len(each)}")
-            time.sleep(interval)
-        out.seek(0)
-        err.seek(0)
-        r = subprocess.CompletedProcess(argv, p.returncode, out.read(), err.read())
-    if trace:
-        with open(trace, "w") as f:
-            f.write("seconds\ttree_rss_gb\tprocesses\n" + "\n".join(rows) + "\n")
-    return r, peak
-
-
 def check_output(path: str, folder: str) -> float:
     """max rel err of the .tflite's logits vs transformers (in a fresh process: the model is big)."""
     code = f"""
@@ -293,6 +244,8 @@ def main():
     ap.add_argument("--trace", action="store_true",
                     help="also write each run's process-tree RSS over time (<work>/<model>-<mode>.rss.tsv)")
     a = ap.parse_args()
+    from _tree_rss import run_polled  # bench/ is this script's sys.path[0]
+
     os.makedirs(a.work, exist_ok=True)
     rows = []
     for name in a.models.split(","):

@@ -178,7 +178,7 @@ class TpuOptions(XlaOptions):
     """Options of a TPU chip target: XlaOptions plus ``topology`` (None: the target's default), ``aot``
     (AOT-compile for the chip when libtpu is installed) and ``aot_in_process``: False compiles in a child
     process (tpu_backend/compile_worker.py: libtpu's compile memory is gone before the save reads the
-    weights), True in this one, None (default) a child for 256 MiB of weights or more on a host with no TPU
+    weights), True in this one, None (default) a child for 384 MiB of weights or more on a host with no TPU
     attached (tpu_backend.aot.in_child_by_default)."""
 
     topology: str | None = None

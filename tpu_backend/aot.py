@@ -103,10 +103,11 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
 
 _RECORD = threading.Lock()
 
-# Where a child pays for itself (in_child_by_default; bench/large.py --modes tpu,tpu_child,tpu_in_process measures
-# the process tree): below this the weights the save reads after the compile weigh less than the child's own jax
-# + libtpu, so a child raises the tree's peak instead of lowering it
-CHILD_MIN_WEIGHT_BYTES = 256 * 2**20
+# Where a child pays for itself (in_child_by_default). Below it the weights the save reads after the compile weigh
+# less than the child's own jax + libtpu, so a child raises the process tree's peak: bench/large.py --modes
+# tpu_in_process,tpu_child (2026-11-30): 0.25 GiB of weights 1.28 -> 1.33 GB, 0.40 GiB 1.51 -> 1.41 GB, 1.81 GiB
+# 3.08 -> 2.57 GB; crossing near 0.3 GiB, set a little above it since a child also costs ~2-5 s of start-up
+CHILD_MIN_WEIGHT_BYTES = 384 * 2**20
 
 
 def in_child_by_default(bundle) -> bool:
