@@ -169,6 +169,9 @@ def _check_template(template):
               f"(tokenizer_config.json's chat_template or chat_template.jinja)")
 
 
+_DIRECT_FROM = 256 << 20  # a .tflite from this size is copied into the bundle by edge.file_copy.copy_direct
+
+
 def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_tokens: int, cache_spec,
                    prompt_template: str | None = None, model_type: str = "generic_model",
                    start_token_id: int | None = None, pad_token_id: int | None = None,
@@ -216,6 +219,8 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
     from litert_lm_builder import litertlm_builder as lb
     from litert_lm_builder.runtime.proto import executor_metadata_pb2, llm_metadata_pb2
 
+    from .file_copy import copy_direct
+
     llm = llm_metadata_pb2.LlmMetadata(max_num_tokens=max_num_tokens)
     if start:
         llm.start_token.token_ids.ids.extend(start)
@@ -253,6 +258,12 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
         b.add_executor_metadata(files["executor_metadata.pb"])
         b.add_hf_tokenizer(files["tokenizer.json"])
         b.add_tflite_model(files["model.tflite"], lb.TfLiteModelType.PREFILL_DECODE)
+        section = b._sections[-1] if getattr(b, "_sections", None) else None
+        if "model.tflite" not in parts and hasattr(section, "data_writer") and \
+                os.path.getsize(files["model.tflite"]) >= _DIRECT_FROM:
+            # a large file: its blocks go to disk straight from the page cache (the builder's sendfile would copy
+            # them into the cache again); builder 0.18.1's section writer, the one it calls with the stream
+            section.data_writer = lambda stream, src=files["model.tflite"]: copy_direct(src, stream)
         return write_file(path, lambda f: b.build(f))
     finally:
         discard(stage)

@@ -53,9 +53,11 @@ def bundles(tmp_path_factory):
             from edge.convert import write_program
 
             large = write_program(prog, root / "llama_large.tflite", large=True)
-            out["llama_large"] = (model, large, spec, write_litertlm(
-                root / "llama_large.litertlm", large, tokenizer_json=d / "tokenizer.json", stop_token_ids=[EOS],
-                max_num_tokens=CACHE, cache_spec=spec, prompt_template=CHAT_TEMPLATE), d)
+            with pytest.MonkeyPatch.context() as mp:  # copied in as a multi-GB one is (edge.litertlm.copy_direct)
+                mp.setattr("edge.litertlm._DIRECT_FROM", 0)
+                out["llama_large"] = (model, large, spec, write_litertlm(
+                    root / "llama_large.litertlm", large, tokenizer_json=d / "tokenizer.json", stop_token_ids=[EOS],
+                    max_num_tokens=CACHE, cache_spec=spec, prompt_template=CHAT_TEMPLATE), d)
     return out
 
 
@@ -101,6 +103,29 @@ def test_a_large_model_form_tflite_runs_in_the_engine(bundles):
         f.seek(begin)
         assert end - begin == len(data) and f.read(len(data)) == data  # copied as is
     assert _engine_reply(path, PROMPTS["two_chunks"]) == tok.decode(want)
+
+
+def test_copy_direct_appends_the_file_whole_and_falls_back_where_unaligned(tmp_path):
+    """The bundle's copy of a large .tflite (#15): whole 4 KiB blocks by O_DIRECT at a block-aligned position (when
+    the filesystem takes O_DIRECT), the tail and an unaligned position through the stream; the bytes are the file's
+    either way and the stream is left at their end."""
+    from edge.file_copy import copy_direct
+
+    data = os.urandom(5 * 4096 * 3 + 123)
+    src = tmp_path / "m.tflite"
+    src.write_bytes(data)
+    try:
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0)))
+        direct = hasattr(os, "O_DIRECT")
+    except OSError:
+        direct = False
+    for head, want_direct in ((16384, len(data) - 123 if direct else 0), (100, 0)):
+        with open(tmp_path / "b.bin", "wb") as f:
+            f.write(b"h" * head)
+            assert copy_direct(str(src), f) == want_direct
+            assert f.tell() == head + len(data)
+            f.write(b"end")
+        assert (tmp_path / "b.bin").read_bytes() == b"h" * head + data + b"end"
 
 
 def test_peek_lists_the_sections(bundles):
