@@ -140,3 +140,23 @@ def test_the_option_keeps_the_compile_in_this_process(tmp_path):
         assert report["signatures"]["serving_default"]["cost"]["flops"]["per_device"] > 2 * 2 * 8 * 4
     with pytest.raises(OptionsError, match=r"option aot_in_process must be True \(compile in this process\), False"):
         package("tpu-v6e", prog, str(tmp_path / "bad"), aot=True, aot_in_process="child", say=lambda s: None)
+
+
+def test_an_llm_with_donated_caches_compiles_in_the_child_as_here():
+    """decode with its KV caches donated (aliased inputs): the child's report, its LLM section (bytes per token
+    from the compiled HLO's HBM traffic) included, is the in-process one."""
+    transformers = pytest.importorskip("transformers")
+    from converter.llm import prepare_lm
+    from tpu_backend.llm import export_lm
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    prog, spec = prepare_lm(transformers.LlamaForCausalLM(cfg).eval(), prefill_lengths=(16,), cache_len=64)
+    bundle, _ = export_lm(prog, spec, platforms=("tpu", "cpu"), signatures=["decode"])
+    here = bundle.compile_for("tpu-v6e", in_process=True, cache_dir=False)
+    child = bundle.compile_for("tpu-v6e", in_process=False, cache_dir=False)
+    assert list(child.signatures) == ["decode"] and child.report["signatures"]["decode"]["executable_bytes"] > 1000
+    assert _comparable(child.report) == _comparable(here.report)
+    dec = child.report["llm"]["decode"]["hbm_estimate"]
+    assert dec["bytes_per_step"] >= 4 * 2 * 64 * 16 * 4  # at least the 4 float32 caches of [1, 2, 64, 16], read
