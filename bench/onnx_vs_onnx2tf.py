@@ -11,7 +11,8 @@ ours is tpu_export.convert(path, targets=["android"]) (NHWC image inputs/outputs
 onnx2tf 2.6 runs with its defaults in its own venv (.bench-venv-onnx2tf, Python >= 3.12 as onnx2tf 2.x
 requires, installed here with pip), once with its default backend (flatbuffer_direct: its own .tflite
 writer) and once with tflite_backend="tf_converter" (TensorFlow's converter, onnx2tf 1.x's path; minutes
-per model: --peers peer skips it). Columns: conversion wall time and peak RSS (the worker's VmHWM),
+per model: --peers peer skips it). Columns: conversion wall time, its CPU time (user + system, the worker and
+its children: on a shared host the fairer figure) and peak RSS (the worker's VmHWM),
 .tflite size (onnx2tf's *_float32.tflite), LiteRT interpreter latency (1 thread, median, ours and
 onnx2tf's in alternating blocks of 5), TRANSPOSE ops in the file, max rel err vs onnxruntime on the same
 input (NHWC inputs get the transposed image; NHWC outputs are compared transposed back).
@@ -223,10 +224,11 @@ def report(rows, exporter, peer):
     backend = {"peer": "flatbuffer_direct", "peer-tf": "tf_converter"}[peer]
     print(f"\nONNX files from torch.onnx.export ({exporter}); ours = tpu_export android, "
           f"peer = onnx2tf 2.6 tflite_backend={backend}")
-    print(f"{'model':16s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'rss ours':>8s} {'rss peer':>8s} "
+    print(f"{'model':16s} {'conv ours':>9s} {'conv peer':>9s} {'x faster':>8s} {'cpu ours':>8s} {'cpu peer':>8s} "
+          f"{'x cpu':>6s} {'rss ours':>8s} {'rss peer':>8s} "
           f"{'lat ours':>8s} {'lat peer':>8s} {'lat ratio':>9s} {'MB ours':>8s} {'size ratio':>10s} "
           f"{'T ours':>6s} {'T peer':>6s} {'err ours':>9s} {'err peer':>9s}")
-    speed, lat, size, tr = [], [], [], []
+    speed, cpu, lat, size, tr = [], [], [], [], []
     for r in rows:
         o, p = r["ours"], r.get(peer, {"error": "not run"})
         if "error" in o or "error" in p:
@@ -235,15 +237,20 @@ def report(rows, exporter, peer):
             print(f"{r['model']:16s} ours: {ours}  peer: {p.get('error', 'ok').splitlines()[0]}")
             continue
         speed.append(p["convert_s"] / o["convert_s"])
+        # CPU seconds (user + system, the worker and its children): what a conversion costs, whatever else runs
+        o_cpu, p_cpu = o.get("convert_cpu_s", float("nan")), p.get("convert_cpu_s", float("nan"))
+        cpu.append(p_cpu / o_cpu)
         lat.append(o["latency_ms"] / p["latency_ms"])
         size.append(o["size"] / p["size"])
         tr.append(o["transposes"] - p["transposes"])
-        print(f"{r['model']:16s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o['peak_rss_mb']:8.0f} "
+        print(f"{r['model']:16s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o_cpu:8.2f} "
+              f"{p_cpu:8.2f} {cpu[-1]:6.2f} {o['peak_rss_mb']:8.0f} "
               f"{p['peak_rss_mb']:8.0f} {o['latency_ms']:8.2f} {p['latency_ms']:8.2f} {lat[-1]:9.2f} "
               f"{o['size'] / 2**20:8.1f} {size[-1]:10.3f} {o['transposes']:6d} {p['transposes']:6d} "
               f"{o['rel_err']:9.1e} {p['rel_err']:9.1e}")
     if speed:
-        print(f"\nconversion: min {min(speed):.2f}x faster (goal >= 5x), median {statistics.median(speed):.2f}x")
+        print(f"\nconversion: min {min(speed):.2f}x faster (goal >= 5x), median {statistics.median(speed):.2f}x; "
+              f"in CPU seconds min {min(cpu):.2f}x, median {statistics.median(cpu):.2f}x")
         print(f"latency: max ratio {max(lat):.2f}, median {statistics.median(lat):.2f} (goal <= 0.90)")
         print(f"TRANSPOSE: {sum(t > 0 for t in tr)} models with more than onnx2tf (goal 0)")
         print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")

@@ -99,7 +99,11 @@ def parse_mapped(path: str):
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:  # mmap refuses an empty file; protobuf parses it as an empty model
             return proto, None
-        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a filesystem that cannot map files: read it whole
+            _parse_whole(proto, f.read())
+            return proto, None
     try:
         with memoryview(m) as view:
             try:

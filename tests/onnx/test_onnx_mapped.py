@@ -138,3 +138,16 @@ def test_empty_and_truncated_files_fail_in_one_line(tmp_path, cut):
     text = str(e.value)
     assert "\n" not in text and "model.onnx" in text
     assert ("not an ONNX model" if cut == 0 else "not a valid ONNX protobuf") in text
+
+
+def test_a_file_that_cannot_be_mapped_is_read_whole(tmp_path, monkeypatch):
+    import converter.onnx.wire as wire
+
+    def refuse(*a, **k):  # what mmap raises on a filesystem without mmap support (ENODEV)
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(wire.mmap, "mmap", refuse)
+    m = _model()
+    path = _write(tmp_path, m.SerializeToString())
+    proto, _, mapped = load_model(path)
+    assert mapped is None and proto == m
