@@ -123,8 +123,9 @@ def _raise(work, rc, stderr, signature, target, topology, timeout):
         if err["type"] == "HbmOverflowError":
             raise HbmOverflowError(msg, err.get("needed"), err.get("available"))
         raise (InvalidTopologyError if err["type"] == "InvalidTopologyError" else AotError)(msg)
+    how = f"was killed by signal {-rc}" if rc < 0 else f"failed with exit status {rc}"  # -9: out of memory?
     raise AotError(f"signature {signature!r}: the {target} ({topology}) compile worker (python -m "
-                   f"tpu_backend.compile_worker) failed with exit status {rc}; its last stderr line: {last}")
+                   f"tpu_backend.compile_worker) {how}; its last stderr line: {last}")
 
 
 def main(argv=None) -> int:

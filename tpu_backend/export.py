@@ -61,7 +61,7 @@ class ExportedBundle:
     # the program's fingerprint (a str), or what computes it (called once, on the first read of .fingerprint):
     # it hashes every weight, which pages in a model mmapped from safetensors, so it waits for the save, after
     # the AOT compile (compile_worker's child then compiles before the weights come in)
-    program_fingerprint: Any
+    program_fingerprint: Any = dataclasses.field(repr=False)
     dtype: str | None = None
     mesh: MeshSpec | None = None
     rules: PartitionRules | None = None
