@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 
 import numpy as np
 
@@ -107,7 +108,8 @@ def parse_mapped(path: str):
     try:
         with memoryview(m) as view:
             try:
-                cut = _without_raw(view)
+                # raw_data is little-endian: a big-endian host needs numpy_helper's byteswap, so the whole parse
+                cut = _without_raw(view) if sys.byteorder == "little" else None
             except _NotPlain:
                 cut = None
             if cut is not None and cut[1]:
