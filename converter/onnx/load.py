@@ -14,7 +14,7 @@ import contextlib
 import os
 
 from ..errors import ConversionError, one_line
-from .wire import RAW_ITEMSIZE, parse_mapped, plain_raw
+from .wire import RAW_ITEMSIZE, MappedWeights, map_file, parse_mapped, plain_raw
 
 __all__ = ["OnnxImportError", "load_model", "check_and_infer", "tensor_nbytes"]
 
@@ -24,9 +24,10 @@ class OnnxImportError(ConversionError):
 
 
 def load_model(model, base_dir: str | None = None):
-    """(ModelProto, where, MappedWeights or None) from a path, bytes or a ModelProto, with external data loaded
-    (safely). From a path, the large weights stay in a map of the file (converter/onnx/wire.py): their
-    initializers hold no raw_data, ``MappedWeights`` has their bytes; the caller closes it."""
+    """(ModelProto, where, MappedWeights or None) from a path, bytes or a ModelProto, with external data resolved
+    (safely). The large weights of a file, and the graph's weights in external data files, stay in maps of those
+    files (converter/onnx/wire.py): their initializers hold no raw_data, ``MappedWeights`` has their bytes; the
+    caller closes it."""
     import onnx
 
     where = "<ModelProto>"
@@ -57,7 +58,12 @@ def load_model(model, base_dir: str | None = None):
         if not proto.HasField("graph") or not proto.opset_import:
             raise OnnxImportError(f"{where}: not an ONNX model (no graph or no opset_import). "
                                   "Fix: give an .onnx model file")
-        _load_external(proto, base_dir, where)
+        external = _load_external(proto, base_dir, where)
+        if external is not None:
+            if mapped is None:
+                mapped = external
+            else:
+                mapped.add(external)
     except BaseException:
         if mapped is not None:
             mapped.close()
@@ -81,57 +87,100 @@ def tensor_nbytes(t) -> int | None:
     return n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
 
 
-def _external_tensors(graph):
+def _external_tensors(graph, initializers: bool = True):
     from onnx import AttributeProto
 
-    for t in graph.initializer:
-        yield t
+    if initializers:
+        yield from graph.initializer
     for node in graph.node:
-        for a in node.attribute:
-            if a.type == AttributeProto.TENSOR:
-                yield a.t
-            elif a.type == AttributeProto.GRAPH:
-                yield from _external_tensors(a.g)
-            elif a.type == AttributeProto.GRAPHS:
-                for g in a.graphs:
+        for at in node.attribute:
+            if at.type == AttributeProto.TENSOR:
+                yield at.t
+            elif at.type == AttributeProto.GRAPH:
+                yield from _external_tensors(at.g)
+            elif at.type == AttributeProto.GRAPHS:
+                for g in at.graphs:
                     yield from _external_tensors(g)
 
 
-def _load_external(proto, base_dir, where) -> None:
+def _load_external(proto, base_dir, where):
+    """Resolve every tensor whose data is in an external file (checked to lie inside the model's folder and to
+    fit the tensor). The graph's plain initializers stay in read-only maps of those files (a MappedWeights,
+    returned; None if none), the others are read into their raw_data."""
+    import sys
+
     from onnx import TensorProto
 
-    for t in _external_tensors(proto.graph):
-        if t.data_location != TensorProto.EXTERNAL:
-            continue
-        info = {e.key: e.value for e in t.external_data}
-        loc = info.get("location", "")
-        if base_dir is None:
-            raise OnnxImportError(f"{where}: tensor {t.name!r} keeps its data in external file {loc!r}, but the model "
-                                  "was given without its folder. Fix: pass the .onnx path instead of the ModelProto")
-        root = os.path.realpath(base_dir)
-        path = os.path.realpath(os.path.join(root, loc))
-        if not loc or os.path.isabs(loc) or os.path.commonpath([root, path]) != root:
-            raise OnnxImportError(f"{where}: tensor {t.name!r}: external data location {loc!r} is outside the model's "
-                                  f"folder {root}; refused. Fix: keep external data files beside the .onnx file")
-        if not os.path.isfile(path):
-            raise OnnxImportError(f"{where}: tensor {t.name!r}: external data file {loc!r} not found in {root}. "
-                                  "Fix: copy it beside the .onnx file")
-        size = os.path.getsize(path)
-        try:
-            offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else size - offset
-        except ValueError:
-            raise OnnxImportError(f"{where}: tensor {t.name!r}: external data offset/length are not integers") from None
-        want = tensor_nbytes(t)
-        if offset < 0 or length < 0 or offset + length > size or (want is not None and length != want):
-            raise OnnxImportError(
-                f"{where}: tensor {t.name!r}: external data {loc!r} offset {offset} length {length} does not fit the "
-                f"file ({size} bytes) or the tensor ({want} bytes). Fix: re-save the model's external data")
-        with open(path, "rb") as f:
-            f.seek(offset)
-            t.raw_data = f.read(length)
-        del t.external_data[:]
-        t.data_location = TensorProto.DEFAULT
+    maps: dict = {}
+    spans = {}
+    try:
+        for i, t in enumerate(proto.graph.initializer):
+            if t.data_location == TensorProto.EXTERNAL:
+                path, offset, length = _external_span(t, base_dir, where)
+                _local(t)
+                m = None
+                if plain_raw(t) and sys.byteorder == "little":
+                    if path not in maps:
+                        maps[path] = map_file(path)
+                    m = maps[path]
+                if m is not None:
+                    spans[i] = (m, offset, length)  # as a weight cut out of the model's own file
+                else:
+                    t.raw_data = _read(path, offset, length)
+        for t in _external_tensors(proto.graph, initializers=False):
+            if t.data_location == TensorProto.EXTERNAL:
+                path, offset, length = _external_span(t, base_dir, where)
+                _local(t)
+                t.raw_data = _read(path, offset, length)
+    except BaseException:
+        for m in maps.values():
+            if m is not None:
+                m.close()
+        raise
+    return MappedWeights(spans, [m for m in maps.values() if m is not None]) if spans else None
+
+
+def _local(t) -> None:
+    from onnx import TensorProto
+
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+
+
+def _read(path: str, offset: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def _external_span(t, base_dir, where) -> tuple[str, int, int]:
+    """(real path, offset, length) of an external tensor's data, refused unless inside the model's folder and
+    the right size for the tensor."""
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    if base_dir is None:
+        raise OnnxImportError(f"{where}: tensor {t.name!r} keeps its data in external file {loc!r}, but the model "
+                              "was given without its folder. Fix: pass the .onnx path instead of the ModelProto")
+    root = os.path.realpath(base_dir)
+    path = os.path.realpath(os.path.join(root, loc))
+    if not loc or os.path.isabs(loc) or os.path.commonpath([root, path]) != root:
+        raise OnnxImportError(f"{where}: tensor {t.name!r}: external data location {loc!r} is outside the model's "
+                              f"folder {root}; refused. Fix: keep external data files beside the .onnx file")
+    if not os.path.isfile(path):
+        raise OnnxImportError(f"{where}: tensor {t.name!r}: external data file {loc!r} not found in {root}. "
+                              "Fix: copy it beside the .onnx file")
+    size = os.path.getsize(path)
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else size - offset
+    except ValueError:
+        raise OnnxImportError(f"{where}: tensor {t.name!r}: external data offset/length are not integers") from None
+    want = tensor_nbytes(t)
+    if offset < 0 or length < 0 or offset + length > size or (want is not None and length != want):
+        raise OnnxImportError(
+            f"{where}: tensor {t.name!r}: external data {loc!r} offset {offset} length {length} does not fit the "
+            f"file ({size} bytes) or the tensor ({want} bytes). Fix: re-save the model's external data")
+    return path, offset, length
 
 
 def check_and_infer(proto, where: str, fixed_dims: dict | None = None, mapped=None):

@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["MappedWeights", "parse_mapped", "plain_raw", "RAW_ITEMSIZE", "SMALL_BYTES"]
+__all__ = ["MappedWeights", "parse_mapped", "map_file", "plain_raw", "RAW_ITEMSIZE", "SMALL_BYTES"]
 
 # bytes per element of the byte-aligned ONNX types (onnx.checker's table for raw_data): float, uint8, int8,
 # uint16, int16, int32, int64, bool, float16, double, uint32, uint64, bfloat16
@@ -50,25 +50,30 @@ def plain_raw(t) -> bool:
 
 
 class MappedWeights:
-    """The raw bytes of initializers left in the file's map: {index in graph.initializer: (offset, length)}."""
+    """The raw bytes of initializers left in read-only maps of their files (the model's own, or its external
+    data files): {index in graph.initializer: (map, offset, length)}."""
 
-    def __init__(self, m: mmap.mmap, spans: dict):
-        self._map, self.spans = m, spans
+    def __init__(self, spans: dict, maps: list):
+        self.spans, self._maps = spans, maps
 
     def __contains__(self, i) -> bool:
         return i in self.spans
 
     def length(self, i: int) -> int:
-        return self.spans[i][1]
+        return self.spans[i][2]
+
+    def add(self, other: MappedWeights) -> None:
+        self.spans.update(other.spans)
+        self._maps += other._maps
 
     def array(self, i: int, t, where: str) -> np.ndarray:
-        """Initializer ``i`` (TensorProto ``t``, its data cut out) as a read-only view of the map, what
+        """Initializer ``i`` (TensorProto ``t``, its data cut out) as a read-only view of its map, what
         numpy_helper.to_array gives for raw data."""
         from onnx import helper
 
         from .load import OnnxImportError
 
-        off, length = self.spans[i]
+        m, off, length = self.spans[i]
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type))
         n = 1
         for d in t.dims:
@@ -76,19 +81,33 @@ class MappedWeights:
         if length != n * dtype.itemsize:
             raise OnnxImportError(f"{where}: tensor {t.name!r}: raw_data holds {length} bytes; its dtype and shape "
                                   f"{list(t.dims)} take {n * dtype.itemsize}. Fix: re-export the model")
-        return np.frombuffer(self._map, dtype=dtype, count=n, offset=off).reshape(tuple(t.dims))
+        return np.frombuffer(m, dtype=dtype, count=n, offset=off).reshape(tuple(t.dims))
 
     def owns(self, a) -> bool:
-        """Whether ``a`` is an array whose memory is the map's (a view made by ``array``, or a view of one)."""
+        """Whether ``a`` is an array whose memory is one of the maps (made by ``array``, or a view of one)."""
         while isinstance(a, np.ndarray):
             a = a.base
-        return isinstance(a, memoryview) and a.obj is self._map  # np.frombuffer keeps a memoryview of the map
+        # np.frombuffer keeps a memoryview of the map
+        return isinstance(a, memoryview) and any(a.obj is m for m in self._maps)
 
     def close(self) -> None:
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:
+                pass  # a view is still held somewhere: the map goes when it does
+
+
+def map_file(path: str):
+    """A read-only map of the regular file at ``path``, or None where it cannot be mapped (empty, or a filesystem
+    without mmap: the caller reads it instead)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            return None
         try:
-            self._map.close()
-        except BufferError:
-            pass  # a view is still held somewhere: the map goes when it does
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            return None
 
 
 def parse_mapped(path: str):
@@ -97,14 +116,11 @@ def parse_mapped(path: str):
     import onnx
 
     proto = onnx.ModelProto()
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size == 0:  # mmap refuses an empty file; protobuf parses it as an empty model
-            return proto, None
-        try:
-            m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError):  # a filesystem that cannot map files: read it whole
+    m = map_file(path)
+    if m is None:  # empty (protobuf parses it as an empty model), or a filesystem that cannot map files
+        with open(path, "rb") as f:
             _parse_whole(proto, f.read())
-            return proto, None
+        return proto, None
     try:
         with memoryview(m) as view:
             try:
@@ -119,7 +135,7 @@ def parse_mapped(path: str):
                 except Exception:  # noqa: BLE001 - malformed: the whole parse below gives protobuf's own error
                     spans = None
                 if spans:
-                    return proto, MappedWeights(m, spans)
+                    return proto, MappedWeights(spans, [m])
             proto.Clear()
             _parse_whole(proto, view)  # nothing to leave in the map: the plain parse, as onnx.load does
     except BaseException:
@@ -136,14 +152,14 @@ def _parse_whole(proto, view) -> None:
 
 
 def _plain_spans(proto, spans: list, m) -> dict:
-    """{initializer index: (offset, length)} of the cut tensors that are plain; the others get their bytes back
+    """{initializer index: (map, offset, length)} of the cut tensors that are plain; the others get their bytes back
     into the proto (onnx.checker and numpy_helper then see them as they are in the file)."""
     inits = proto.graph.initializer
     out = {}
     for i, off, length in spans:
         t = inits[i]
         if plain_raw(t):
-            out[i] = (off, length)
+            out[i] = (m, off, length)
         else:
             t.raw_data = m[off:off + length]
     return out

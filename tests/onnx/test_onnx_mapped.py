@@ -64,7 +64,7 @@ def test_large_weights_come_from_the_map_and_the_import_matches_onnxruntime(tmp_
         assert not any(mapped.owns(v) for v in graph.consts.values())  # each weight copied out of the map
     finally:
         mapped.close()
-    assert mapped._map.closed  # no view of the map is left anywhere
+    assert all(m.closed for m in mapped._maps)  # no view of the map is left anywhere
     imp = import_onnx(path)
     x = np.random.RandomState(1).randn(2, 64).astype(np.float32)
     assert rel_err(imp.module(torch.from_numpy(x))["y"], _ort(m.SerializeToString(), x)) <= 1e-6
@@ -151,3 +151,27 @@ def test_a_file_that_cannot_be_mapped_is_read_whole(tmp_path, monkeypatch):
     path = _write(tmp_path, m.SerializeToString())
     proto, _, mapped = load_model(path)
     assert mapped is None and proto == m
+
+
+def test_external_data_weights_stay_in_a_map_of_their_file(tmp_path):
+    m = _model()
+    for t, off in ((m.graph.initializer[0], 0), (m.graph.initializer[2], 16384)):  # W and V in weights.bin
+        data = t.raw_data
+        with open(tmp_path / "weights.bin", "ab") as f:
+            f.write(data)
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        for k, v in (("location", "weights.bin"), ("offset", str(off)), ("length", str(len(data)))):
+            e = t.external_data.add()
+            e.key, e.value = k, v
+    path = _write(tmp_path, m.SerializeToString())
+    proto, _, mapped = load_model(path)
+    try:
+        assert sorted(mapped.spans) == [0, 2]
+        assert all(not t.external_data and not t.HasField("raw_data") for t in proto.graph.initializer[::2])
+    finally:
+        mapped.close()
+    full = onnx.load(str(path))  # onnx.load reads the external data in
+    x = np.random.RandomState(1).randn(2, 64).astype(np.float32)
+    imp = import_onnx(path)
+    assert rel_err(imp.module(torch.from_numpy(x))["y"], _ort(full.SerializeToString(), x)) <= 1e-6
