@@ -501,6 +501,7 @@ class ModelBuilder:
             self._written(b, release)
             if progress is not None:
                 progress(done, total, k + 1, len(layout))
+        self._close_spill()
         return written
 
     def _written(self, b, release) -> None:
@@ -510,6 +511,15 @@ class ModelBuilder:
         drop_pages(data)
         if release is not None:
             release(data)
+
+    def _close_spill(self) -> None:
+        """Close the spill file once nothing is left in it (every spilled buffer written). It is unlinked, so its
+        pages are dropped unwritten: held until the builder is collected (its subgraphs point back at it, a cycle)
+        they are dirty pages the kernel writes to disk for nothing, 1.7 GB for the 0.84 B Llama (#15)."""
+        spill = getattr(self, "_spill", None)
+        if spill is not None and not any(isinstance(b.data, _Spilled) for b in self.buffers):
+            self._spill = None
+            spill.close()
 
     def _write_classic(self, f, progress, release, keep: bool = False) -> int:
         """``keep``: the buffers keep their data (``finish``), else each is let go once written."""
@@ -535,6 +545,8 @@ class ModelBuilder:
         f.write(view[pos:])
         n = len(view)
         view.release()
+        if not keep:
+            self._close_spill()
         return n
 
 def _tensor_map(name: str, index: int):

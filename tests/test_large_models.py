@@ -325,3 +325,10 @@ def test_a_computed_weight_is_compared_with_the_spilled_one_and_a_view_is_matche
     assert b.buffer(param.detach().numpy()) == view != first
     assert b.buffer(param.detach().clone().numpy()) == view  # another address, the same bytes: compared
     assert len(b.buffers) == 4
+    spill = b._spill
+    with open(tmp_path / "m.tflite", "wb") as f:
+        b.write(f, large=True)
+    assert spill.closed and b._spill is None  # its (unlinked) pages dropped once every spilled buffer is written
+    data = (tmp_path / "m.tflite").read_bytes()
+    assert data.count((folded * 2).tobytes()) == 1 and data.count(other.tobytes()) == 1
+    assert data.count(folded.tobytes()) == 1
