@@ -189,6 +189,8 @@ def fuse_linear(graph, outputs: list, table) -> int:
                     and g.uses[w] == 1 and x not in g.consts):
                 continue
             graph.consts[w] = _transposed(wv)
+            if graph.release is not None:
+                graph.release(wv)  # its pages in the file's map are no longer needed
             mm_ctx = g.nodes[mm[0]][1]
             fused = NodeContext(ctx.name, "Gemm", mm_ctx.opset, 1, ctx.out_types, ctx.out_shapes)
             attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1}

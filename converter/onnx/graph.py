@@ -127,6 +127,7 @@ class OnnxGraph:
     def __init__(self):
         self.consts: dict[str, np.ndarray] = {}
         self.nodes: list = []  # (spec, ctx, attrs, input names, output names)
+        self.release = None  # release(view): a weight read from the file's map was copied (wire.MappedWeights)
 
 
 def _static_shape(vi) -> list | None:
@@ -181,6 +182,7 @@ def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGra
         shapes[vi.name] = _static_shape(vi)
         types[vi.name] = vi.type.tensor_type.elem_type or None
     out = OnnxGraph()
+    out.release = mapped.release if mapped is not None else None
     for i, t in enumerate(g.initializer):
         out.consts[t.name] = mapped.array(i, t, where) if mapped is not None and i in mapped else \
             numpy_helper.to_array(t)
@@ -221,6 +223,7 @@ def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGra
         for k, v in out.consts.items():
             if mapped.owns(v):  # the map closes with the import: what the module keeps is copied out, once
                 out.consts[k] = np.array(v, order="C")
+                mapped.release(v)
     return out
 
 

@@ -90,6 +90,26 @@ class MappedWeights:
         # np.frombuffer keeps a memoryview of the map
         return isinstance(a, memoryview) and any(a.obj is m for m in self._maps)
 
+    def release(self, a) -> None:
+        """Drop the pages under ``a`` (a view of a map, just copied) from this process's memory: the file's
+        pages stay in the page cache, so a later read of a neighbour sharing a page re-maps it; the peak RSS of a
+        build no longer holds every weight twice (the map's pages and the copies)."""
+        from numpy.lib.array_utils import byte_bounds
+
+        base = a
+        while isinstance(base, np.ndarray):
+            base = base.base
+        m = base.obj if isinstance(base, memoryview) else None
+        if not any(m is x for x in self._maps) or m.closed:
+            return
+        lo, hi = byte_bounds(a)
+        start = lo - np.frombuffer(m, np.uint8, count=1).__array_interface__["data"][0]
+        start -= start % mmap.PAGESIZE
+        try:
+            m.madvise(mmap.MADV_DONTNEED, start, min(hi - lo + mmap.PAGESIZE, len(m) - start))
+        except (OSError, ValueError, AttributeError):  # no madvise here: the pages go with the map
+            pass
+
     def close(self) -> None:
         for m in self._maps:
             try:
