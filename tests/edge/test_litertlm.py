@@ -105,11 +105,16 @@ def test_a_large_model_form_tflite_runs_in_the_engine(bundles):
     assert _engine_reply(path, PROMPTS["two_chunks"]) == tok.decode(want)
 
 
-def test_copy_direct_appends_the_file_whole_and_falls_back_where_unaligned(tmp_path):
+@pytest.mark.parametrize("piece", [None, 4096])
+def test_copy_direct_appends_the_file_whole_and_falls_back_where_unaligned(tmp_path, monkeypatch, piece):
     """The bundle's copy of a large .tflite (#15): whole 4 KiB blocks by O_DIRECT at a block-aligned position (when
-    the filesystem takes O_DIRECT), the tail and an unaligned position through the stream; the bytes are the file's
-    either way and the stream is left at their end."""
+    the filesystem takes O_DIRECT; one piece, or 15 pieces through the writer threads), the tail and an unaligned
+    position through the stream; the bytes are the file's either way and the stream is left at their end."""
+    from edge import file_copy
     from edge.file_copy import copy_direct
+
+    if piece:
+        monkeypatch.setattr(file_copy, "_PIECE", piece)
 
     data = os.urandom(5 * 4096 * 3 + 123)
     src = tmp_path / "m.tflite"
