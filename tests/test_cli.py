@@ -46,6 +46,19 @@ def test_console_script_entry_point_runs():
     assert r.returncode == 0 and "tpu-v7x" in r.stdout
 
 
+def test_console_script_skips_the_exit_collections_and_callers_keep_theirs():
+    # The console script (main() with no argv) freezes what the command made so that the interpreter's shutdown
+    # does not collect it; main([...]) from a caller's own process leaves its collector alone.
+    code = (
+        "import gc, sys; from tpu_export.cli import main; sys.argv = ['tpu-export', 'targets']; "
+        "c1 = main(['targets']); f1 = gc.get_freeze_count(); c2 = main(); "
+        "print('FREEZE', c1, f1, c2, gc.get_freeze_count() > 0, file=sys.stderr)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "FREEZE 0 0 0 True" in r.stderr
+
+
 def _compile_cache(out):
     import json
 

@@ -321,7 +321,10 @@ def main(argv=None) -> int:
         warnings.showwarning = _show_warning
         try:
             with _aot_cache(getattr(args, "cache_dir", None)):
-                return args.fn(args)
+                code = args.fn(args)
+            if argv is None:  # the console script: the process ends next
+                _skip_exit_collections()
+            return code
         except KeyboardInterrupt:
             print("tpu-export: interrupted; nothing partial was left behind", file=sys.stderr)
             return 130
@@ -330,6 +333,16 @@ def main(argv=None) -> int:
                 raise
             _print_error(e)
             return 2 if isinstance(e, CliError) else 1
+
+
+def _skip_exit_collections():
+    """Every output is written, closed and published by now; what is left is the interpreter's shutdown, whose
+    collections walk every object torch, transformers and jax made (2-3 s after a 1B LLM conversion on this
+    2-core host, 0.6 s frozen). Freezing moves them out of the collector's sight; atexit handlers and the
+    flush of stdout/stderr still run. Only for the console script: a caller of main([...]) keeps its process."""
+    import gc
+
+    gc.freeze()
 
 
 @contextlib.contextmanager
