@@ -5,7 +5,9 @@ new bytes object) and again into the writable array torch keeps: three copies of
 peak memory, and most of the import's time on a real-size file (page faults, not parsing). Here the file's
 protobuf wire format is walked down to each top-level initializer's ``raw_data`` (ModelProto.graph ->
 GraphProto.initializer -> TensorProto.raw_data); the model is parsed from the file's bytes with those fields cut
-out, and each weight is a view of the map until the importer copies it into the array it keeps.
+out, and each weight is a view of the map until the importer copies it into the array it keeps (its pages then
+leave the process: ``release``). The graph's weights in external data files are mapped the same way
+(load._load_external).
 
 Only the plain layout is taken this way (one graph field, one raw_data per tensor, a byte-aligned dtype, no
 typed data, not external): anything else is parsed whole, as onnx.load would, so the result is the same model.
