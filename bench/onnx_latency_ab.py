@@ -9,7 +9,8 @@ invokes, the order within each round drawn at random, so a burst of load on a sh
 invoke's wall time (perf_counter) and CPU time (process_time: what a busy host does not inflate by preemption)
 are kept; the report gives both medians and the B/A ratio of their medians, with the 10th-90th percentile of the
 per-round ratios as its spread. --fresh N repeats the whole A/B in N fresh processes (weight packing, arena
-placement and page layout then differ per run) and reports each.
+placement and page layout then differ per run; the file loaded first alternates) and reports each and the median
+ratio: on this host one process's ratio is off by up to +-5% while its per-round spread looks tight.
 
 --groups: the time per op group, by knock-out. From each file, variants are written with groups of ops removed
 cumulatively (their consumers rewired to the op's same-shaped input, ops left dead pruned): "se" (squeeze-excite
@@ -173,6 +174,78 @@ def write_variant(src: str, dst: str, groups) -> int:
 
 
 # residual ADDs are not knocked out: dropping one kills a branch (the block's convolutions with it)
+def single_op_models(path: str):
+    """(kind, bytes of a .tflite holding just that op) for each op of subgraph 0: its constant inputs kept, the
+    others made graph inputs; only the buffers it reads are kept."""
+    import copy
+
+    import flatbuffers
+
+    from edge.inspect import read_model
+
+    with open(path, "rb") as f:
+        model = read_model(f.read())
+    names, sg = _names(), model.subgraphs[0]
+    for op in sg.operators:
+        m = copy.copy(model)
+        m.signatureDefs, m.metadata = None, None
+        tmap, tensors, buffers = {}, [], [model.buffers[0]]
+        for t in [int(t) for t in op.inputs if t >= 0] + [int(t) for t in op.outputs]:
+            if t not in tmap:
+                tt = copy.copy(sg.tensors[t])
+                b = model.buffers[tt.buffer] if tt.buffer else None
+                if b is not None and b.data is not None and len(b.data):
+                    buffers.append(b)
+                    tt.buffer = len(buffers) - 1
+                else:
+                    tt.buffer = 0
+                tmap[t] = len(tensors)
+                tensors.append(tt)
+        one = copy.copy(op)
+        one.inputs = [tmap[int(t)] if t >= 0 else int(t) for t in op.inputs]
+        one.outputs = [tmap[int(t)] for t in op.outputs]
+        g = copy.copy(sg)
+        g.tensors, g.operators = tensors, [one]
+        g.inputs = [tmap[int(t)] for t in op.inputs if t >= 0 and not tensors[tmap[int(t)]].buffer]
+        g.outputs = list(one.outputs)
+        m.subgraphs, m.buffers = [g], buffers
+        fb = flatbuffers.Builder(1 << 20)
+        fb.Finish(m.Pack(fb), file_identifier=b"TFL3")
+        yield _op_kind(model, op, names), bytes(fb.Output())
+
+
+def per_kind(paths: dict, invokes: int = 60) -> dict:
+    """{label: {op kind: cpu ms}}: each op alone in its own interpreter (XNNPACK, 1 thread), median CPU time of
+    ``invokes`` calls, minus the median of an empty call (the interpreter's own cost), summed by kind. An op
+    alone is timed with warm caches and without the fusions the whole graph gets (a PAD before a conv is fused
+    into it there): shares, not the graph's total."""
+    import numpy as np
+    from ai_edge_litert.interpreter import Interpreter
+
+    def timed(content):
+        it = Interpreter(model_content=content, num_threads=1)
+        it.allocate_tensors()
+        for d in it.get_input_details():
+            it.set_tensor(d["index"], np.ones(d["shape"], d["dtype"]))
+        it.invoke()
+        ts = []
+        for _ in range(invokes):
+            c = time.process_time()
+            it.invoke()
+            ts.append((time.process_time() - c) * 1e3)
+        return statistics.median(ts)
+
+    out = {}
+    for label, p in paths.items():
+        kinds = {}
+        ops = list(single_op_models(p))
+        base = min(timed(c) for k, c in ops if k == "RESHAPE") if any(k == "RESHAPE" for k, _ in ops) else 0.0
+        for k, c in ops:
+            kinds[k] = kinds.get(k, 0.0) + max(timed(c) - base, 0.0)
+        out[label] = kinds
+    return out
+
+
 STEPS = [("full", ()), ("-se", ("se",)), ("-se-act", ("se", "act"))]
 
 
@@ -237,11 +310,26 @@ def run_pair(a, b, x_path, args):
 
     x = np.load(x_path) if x_path else None
     if args.fresh:
+        # the in-process ratio is stable (tight per-round spread) but differs between processes by up to +-5%
+        # here (weights and arena land elsewhere in each): the figure is the median over fresh processes
+        # and the file loaded first runs ~0.5-1.5% slower (an A/A of one file twice: 1.004-1.006), so the
+        # processes alternate which one loads first
+        ratios = []
         for i in range(args.fresh):
-            argv = [sys.executable, os.path.abspath(__file__), a, b, "--rounds", str(args.rounds),
+            first, second = (a, b) if i % 2 == 0 else (b, a)
+            argv = [sys.executable, os.path.abspath(__file__), first, second, "--rounds", str(args.rounds),
                     "--block", str(args.block), "--json"] + (["--input", x_path] if x_path else [])
             r = subprocess.run(argv, capture_output=True, text=True)
-            print(f"  fresh {i}: {r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-300:]}")
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+            if not lines:
+                raise SystemExit(f"fresh A/B run failed: {r.stderr.strip()[-300:]}")
+            res = json.loads(lines[-1])
+            ta, tb = (res["A"], res["B"]) if i % 2 == 0 else (res["B"], res["A"])
+            ratios.append(ta["cpu_ms"] / tb["cpu_ms"])
+            print(f"  A {ta['cpu_ms']:.2f} ms cpu, B {tb['cpu_ms']:.2f} ({'A' if i % 2 == 0 else 'B'} loaded first): "
+                  f"A/B {ratios[-1]:.3f}")
+        print(f"  A/B cpu over {len(ratios)} fresh processes: median {statistics.median(ratios):.3f}, "
+              f"min {min(ratios):.3f}, max {max(ratios):.3f}; load {load_avg()}")
         return
     res = ab({"A": a, "B": b}, x, args.rounds, args.block, not args.no_xnnpack)
     if args.json:
@@ -257,6 +345,12 @@ def run_pair(a, b, x_path, args):
         for label in t:
             print_breakdown(label, t[label])
         print(f"  (load {load_avg()})")
+    if args.ops:
+        for label, kinds in per_kind({"A": a, "B": b}).items():
+            total = sum(kinds.values())
+            print(f"  {label} ops alone, sum {total:.2f} ms cpu: " + ", ".join(
+                f"{k} {v:.2f} ({100 * v / total:.0f}%)" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+        print(f"  (load {load_avg()})")
 
 
 def main():
@@ -266,6 +360,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--block", type=int, default=5)
     ap.add_argument("--groups", action="store_true")
+    ap.add_argument("--ops", action="store_true", help="each op alone, CPU time summed by op kind")
     ap.add_argument("--no-xnnpack", action="store_true")
     ap.add_argument("--fresh", type=int, default=0)
     ap.add_argument("--json", action="store_true")
