@@ -8,12 +8,12 @@ import subprocess
 import tempfile
 import time
 
-__all__ = ["run_polled", "tree_rss"]
+__all__ = ["descendants", "run_polled", "tree_rss"]
 
 
-def tree_rss(root: int) -> tuple[int, list[tuple[int, int]]]:
-    """Summed VmRSS of ``root`` and every descendant (bytes), and (pid, rss) of each. A sum of RSS counts
-    pages two processes share (libraries, one mmapped file) twice: an upper bound of the tree's memory."""
+def descendants(root: int) -> list[int]:
+    """``root`` and every process below it, parents before children (from /proc; a process that ends meanwhile is
+    left out)."""
     parent = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -22,13 +22,17 @@ def tree_rss(root: int) -> tuple[int, list[tuple[int, int]]]:
                     parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    tree, frontier = {root}, [root]
+    tree, frontier = [root], [root]
     while frontier:
-        p = frontier.pop()
-        for c, pp in parent.items():
-            if pp == p and c not in tree:
-                tree.add(c)
-                frontier.append(c)
+        frontier = [c for c, pp in parent.items() if pp in frontier and c not in tree]
+        tree += frontier
+    return tree
+
+
+def tree_rss(root: int) -> tuple[int, list[tuple[int, int]]]:
+    """Summed VmRSS of ``root`` and every descendant (bytes), and (pid, rss) of each. A sum of RSS counts
+    pages two processes share (libraries, one mmapped file) twice: an upper bound of the tree's memory."""
+    tree = descendants(root)
     each = []
     for p in tree:
         try:

@@ -117,19 +117,9 @@ class TreeRss:
         self._thread.start()
 
     def _tree(self) -> list[int]:
-        parent = {}
-        for d in os.listdir("/proc"):
-            if d.isdigit():
-                try:
-                    with open(f"/proc/{d}/stat") as f:
-                        parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
-                except (OSError, IndexError, ValueError):
-                    pass
-        tree, frontier = [self.pid], [self.pid]
-        while frontier:
-            frontier = [p for p, pp in parent.items() if pp in frontier]
-            tree += frontier
-        return tree
+        from _tree_rss import descendants
+
+        return descendants(self.pid)
 
     def _run(self):
         page = os.sysconf("SC_PAGE_SIZE")
@@ -270,6 +260,9 @@ def agreement(model_dir: str, runs: dict, n: int) -> dict:
 def engine_runs(bundles: dict, prompt: str, threads: int, decode: int, blocks: int) -> dict:
     """{impl: run}: a first (cold) load each, then `blocks` alternating fresh-process runs; medians of those."""
     def once(bundle):
+        from llm_decode_ab import evict
+
+        evict(bundle)  # read fresh each run: the page cache's 2 MiB mappings of the XNNPACK cache move decode 10-20%
         return run_measured([sys.executable, os.path.abspath(__file__), "--engine-worker", bundle, "--prompt", prompt,
                              "--threads", str(threads), "--decode", str(decode)], timeout=1800)
 
