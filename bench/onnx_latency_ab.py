@@ -305,29 +305,37 @@ def load_avg() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
+def fresh_ratios(a, b, x_path, n: int, rounds: int = 40, block: int = 5, verbose: bool = False) -> list:
+    """A's / B's CPU ms per invoke, one ratio per fresh process (n of them).
+
+    The in-process ratio is stable (tight per-round spread) but differs between processes by up to +-5% here
+    (weights and arena land elsewhere in each): the figure is the median over fresh processes; and the file loaded
+    first runs ~0.5-1.5% slower (an A/A of one file twice: 1.004-1.006), so the processes alternate which one loads
+    first."""
+    ratios = []
+    for i in range(n):
+        first, second = (a, b) if i % 2 == 0 else (b, a)
+        argv = [sys.executable, os.path.abspath(__file__), first, second, "--rounds", str(rounds),
+                "--block", str(block), "--json"] + (["--input", x_path] if x_path else [])
+        r = subprocess.run(argv, capture_output=True, text=True)
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"fresh A/B run failed: {r.stderr.strip()[-300:]}")
+        res = json.loads(lines[-1])
+        ta, tb = (res["A"], res["B"]) if i % 2 == 0 else (res["B"], res["A"])
+        ratios.append(ta["cpu_ms"] / tb["cpu_ms"])
+        if verbose:
+            print(f"  A {ta['cpu_ms']:.2f} ms cpu, B {tb['cpu_ms']:.2f} ({'A' if i % 2 == 0 else 'B'} loaded first): "
+                  f"A/B {ratios[-1]:.3f}")
+    return ratios
+
+
 def run_pair(a, b, x_path, args):
     import numpy as np
 
     x = np.load(x_path) if x_path else None
     if args.fresh:
-        # the in-process ratio is stable (tight per-round spread) but differs between processes by up to +-5%
-        # here (weights and arena land elsewhere in each): the figure is the median over fresh processes
-        # and the file loaded first runs ~0.5-1.5% slower (an A/A of one file twice: 1.004-1.006), so the
-        # processes alternate which one loads first
-        ratios = []
-        for i in range(args.fresh):
-            first, second = (a, b) if i % 2 == 0 else (b, a)
-            argv = [sys.executable, os.path.abspath(__file__), first, second, "--rounds", str(args.rounds),
-                    "--block", str(args.block), "--json"] + (["--input", x_path] if x_path else [])
-            r = subprocess.run(argv, capture_output=True, text=True)
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
-            if not lines:
-                raise SystemExit(f"fresh A/B run failed: {r.stderr.strip()[-300:]}")
-            res = json.loads(lines[-1])
-            ta, tb = (res["A"], res["B"]) if i % 2 == 0 else (res["B"], res["A"])
-            ratios.append(ta["cpu_ms"] / tb["cpu_ms"])
-            print(f"  A {ta['cpu_ms']:.2f} ms cpu, B {tb['cpu_ms']:.2f} ({'A' if i % 2 == 0 else 'B'} loaded first): "
-                  f"A/B {ratios[-1]:.3f}")
+        ratios = fresh_ratios(a, b, x_path, args.fresh, args.rounds, args.block, verbose=True)
         print(f"  A/B cpu over {len(ratios)} fresh processes: median {statistics.median(ratios):.3f}, "
               f"min {min(ratios):.3f}, max {max(ratios):.3f}; load {load_avg()}")
         return

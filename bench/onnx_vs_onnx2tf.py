@@ -14,7 +14,8 @@ writer) and once with tflite_backend="tf_converter" (TensorFlow's converter, onn
 per model: --peers peer skips it). Columns: conversion wall time, its CPU time (user + system, the worker and
 its children: on a shared host the fairer figure) and peak RSS (the worker's VmHWM),
 .tflite size (onnx2tf's *_float32.tflite), LiteRT interpreter latency (1 thread, median, ours and
-onnx2tf's in alternating blocks of 5), TRANSPOSE ops in the file, max rel err vs onnxruntime on the same
+onnx2tf's in alternating blocks of 5; the ratio is the median over --fresh processes of a CPU-time A/B,
+bench/onnx_latency_ab.py), TRANSPOSE ops in the file, max rel err vs onnxruntime on the same
 input (NHWC inputs get the transposed image; NHWC outputs are compared transposed back).
 Goals: conversion >= 5x faster, latency <= 0.90x, no more TRANSPOSEs than onnx2tf, size <= 1.01x.
 """
@@ -165,6 +166,10 @@ def main():
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--exporter", default="torchscript17", choices=("torchscript17", "dynamo18"))
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--fresh", type=int, default=4,
+                    help="the latency ratio is the median of this many fresh-process A/Bs by CPU time "
+                         "(bench/onnx_latency_ab.py; one process's ratio is off by up to +-5%% here); 0: one "
+                         "process's wall medians only")
     ap.add_argument("--report", metavar="ROWS.jsonl", help="print the tables from rows a run wrote to stderr")
     ap.add_argument("--peers", default="peer,peer-tf",
                     help="peer: onnx2tf's default flatbuffer_direct backend; peer-tf: its tf_converter backend "
@@ -213,11 +218,34 @@ def main():
                     timed.pop(impl, None)
             for impl, ms in latencies_ms(timed, a.runs).items():
                 row[impl]["latency_ms"] = ms
+            del timed
+            if a.fresh:
+                _fresh_latency(row, impls, name, tmp, inputs, a.fresh)
             os.remove(onnx_path)
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     for peer in impls[1:]:
         report(rows, a.exporter, peer)
+
+
+def _fresh_latency(row, impls, name, tmp, inputs, n):
+    """Each peer's ``cpu_ratio_fresh``: ours / its CPU ms per invoke, the median over n fresh processes."""
+    import numpy as np
+
+    from bench.onnx_latency_ab import fresh_ratios
+
+    ours = os.path.join(tmp, f"{name}.ours.tflite")
+    if "error" in row["ours"]:
+        return
+    x_path = None
+    if len(inputs) == 1:  # one image / tensor input: the same values on both sides (else seeded random ones)
+        x_path = os.path.join(tmp, f"{name}.x.npy")
+        np.save(x_path, next(iter(inputs.values())))
+    for impl in impls[1:]:
+        if "error" not in row[impl]:
+            r = fresh_ratios(ours, os.path.join(tmp, f"{name}.{impl}.tflite"), x_path, n)
+            row[impl]["cpu_ratio_fresh"] = statistics.median(r)
+            row[impl]["cpu_ratio_fresh_each"] = r
 
 
 def report(rows, exporter, peer):
@@ -240,7 +268,8 @@ def report(rows, exporter, peer):
         # CPU seconds (user + system, the worker and its children): what a conversion costs, whatever else runs
         o_cpu, p_cpu = o.get("convert_cpu_s", float("nan")), p.get("convert_cpu_s", float("nan"))
         cpu.append(p_cpu / o_cpu)
-        lat.append(o["latency_ms"] / p["latency_ms"])
+        # the fresh-process A/B by CPU time where it ran; one process's wall medians otherwise
+        lat.append(p.get("cpu_ratio_fresh", o["latency_ms"] / p["latency_ms"]))
         size.append(o["size"] / p["size"])
         tr.append(o["transposes"] - p["transposes"])
         print(f"{r['model']:16s} {o['convert_s']:9.2f} {p['convert_s']:9.2f} {speed[-1]:8.2f} {o_cpu:8.2f} "
