@@ -10,7 +10,8 @@ Schemes (``QuantConfig.scheme``, or the name alone):
   LiteRT runs blockwise int4 only in dynamic-range FULLY_CONNECTED and ai-edge-quantizer refuses
   blockwise weight-only configs, so weight-only int4 is channelwise.
 - ``dynamic_int4_block32``: int4 weights in blocks of 32 input channels, a float16 scale each,
-  in dynamic-range FULLY_CONNECTED / EMBEDDING_LOOKUP (the layout LiteRT-LM's int4 LLMs use).
+  in dynamic-range FULLY_CONNECTED / EMBEDDING_LOOKUP (the layout LiteRT-LM's int4 LLMs use); an
+  all-zero block's scale is float16's smallest normal, not the quantizer's 0 (edge/quantize_post.py).
 - ``fp16``: float16 weights (ai-edge-quantizer's float casting), DEQUANTIZE to float32 at load.
 - ``static_int8``: int8 weights and activations from calibration inputs (full integer; each
   activation's range is its min/max over all the samples, see ``_calibrate``); inputs and
@@ -164,6 +165,8 @@ def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> b
     """
     from ai_edge_quantizer import quantizer
 
+    from .quantize_post import nonzero_block_scales
+
     config = as_quant_config(config)
     recipe = recipe_for(config)
     model = prepare_tflite(tflite, config)
@@ -186,7 +189,8 @@ def quantize_tflite(tflite: bytes, config, calibration: dict | None = None) -> b
             out = q.quantize(result, enable_progress_bar=False, enable_progress_report=False)
     except Exception as e:  # noqa: BLE001 - the quantizer raises plain errors; name the step
         raise QuantizationError(f"ai-edge-quantizer {step} ({config.scheme}) failed: {type(e).__name__}: {e}") from e
-    return bytes(out.quantized_model)
+    # an all-zero block's float16 scale 0, which XNNPACK refuses (edge/quantize_post.py)
+    return bytes(nonzero_block_scales(out.quantized_model))
 
 
 def _calibrate(model: bytes, recipe: list, calibration: dict) -> dict:

@@ -11,7 +11,8 @@ FULLY_CONNECTED weight and to an embedding table, byte for byte:
   ``<weight>_dequant`` placed before the weight's first reader) so that compute stays float.
 - ``dynamic_int4_block32``: int4 in blocks of 32 input channels (scale = max|block| / 7, rounded to
   bfloat16's 7-bit mantissa and stored as a float16 tensor ``<weight>_scales`` [rows, cols / 32]),
-  values clipped to [-8, 7] and packed two to a byte, low nibble first.
+  values clipped to [-8, 7] and packed two to a byte, low nibble first; a scale that rounds to 0 (an
+  all-zero block) is float16's smallest normal instead, its values 0 (edge/quantize_post.py).
 
 An embedding table is first made an EMBEDDING_LOOKUP (a GATHER of a constant float table on axis 0
 with static int32 ids, as edge/quantize_prep.py does for the in-memory path): the recipes quantize
@@ -28,6 +29,7 @@ import os
 import numpy as np
 
 from .builder import TENSOR_TYPE, ModelBuilder, _Spilled, options, schema
+from .quantize_post import ZERO_BLOCK_SCALE
 from .quantize_prep import _qualifies
 
 __all__ = ["quantize_weights", "STREAM_SCHEMES"]
@@ -136,13 +138,16 @@ def _int8_rows(block):
 
 def _int4_rows(block):
     """(packed int4 bytes of the rows, float32 scales [n, cols / 32]) as ai-edge-quantizer's blockwise int4: the scale
-    rounded to bfloat16 then float16 before the division, values in [-8, 7], two to a byte, low nibble first."""
+    rounded to bfloat16 then float16 before the division, values in [-8, 7], two to a byte, low nibble first. A block
+    whose scale rounds to 0 (all zeros, or every |value| <= 7 * 2**-25) gets ``ZERO_BLOCK_SCALE`` and values 0, what
+    edge/quantize_post.py makes of the quantizer's scale 0 (which XNNPACK refuses)."""
     import ml_dtypes
 
     n, cols = block.shape
     b = block.reshape(n, cols // _INT4_BLOCK, _INT4_BLOCK)
     bound = np.maximum(np.maximum(np.abs(b.min(axis=2)), np.abs(b.max(axis=2))), _MIN_BOUND)
     sc = (bound / np.float32(7)).astype(ml_dtypes.bfloat16).astype(np.float16).astype(np.float32)
+    sc[sc == 0] = ZERO_BLOCK_SCALE  # (edge/quantize_post.py): then the block's values round to 0 below
     q = np.clip(np.rint(b / sc[:, :, None]), -8, 7).astype(np.int8).reshape(-1).view(np.uint8)
     return (q[0::2] & 0xF) | ((q[1::2] & 0xF) << 4), sc
 

@@ -63,13 +63,15 @@ def _op_counts(data) -> dict:
 @pytest.mark.parametrize("scheme,kind", [("dynamic_int8", 9), ("weight_only_int8", 9), ("dynamic_int4_block32", 17)])
 def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatch, scheme, kind):
     from edge.quantize import quantize_tflite
+    from edge.quantize_post import ZERO_BLOCK_SCALE
     from litert_torch import _large
 
     torch.manual_seed(0)
     m, ids = TinyLm().eval(), torch.randint(0, 320, (1, 8))
-    if kind == 9:  # an all-zero row: the quantizer's 1e-9 range floor, not a divide by zero (under int4 the scale
-        with torch.no_grad():  # rounds to float16 0, which XNNPACK refuses in the quantizer's model too)
-            m.up.weight[5].zero_()
+    with torch.no_grad():  # all-zero rows (int8: the quantizer's 1e-9 range floor, not a divide by zero; int4: a
+        m.up.weight[5].zero_()  # float16 scale 0, which XNNPACK refuses, made float16's smallest normal), among them
+        m.emb.weight[0].zero_()  # the tied table's (Gemma's padding row), and a block whose scale rounds to 0 unzeroed
+        m.down.weight[3, 32:64] = 1e-8
     float_bytes = litert_torch.convert(m, (ids,)).tflite_model()
     theirs = litert_torch.Model(quantize_tflite(float_bytes, scheme))
     monkeypatch.setattr(_large, "_STREAM_QUANT_FROM", 0)  # the 1 GiB threshold, for a 130 KB model
@@ -78,6 +80,9 @@ def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatc
     assert sorted(a) == sorted(b) == ["down.weight", "emb.weight", "up.weight"]
     for name in a:
         assert a[name][0] == kind and a[name][1:] == b[name][1:], name
+    if kind == 17:  # 2 + 2 blocks of the zero rows, 1 of the tiny block; no scale 0 left
+        scales = np.concatenate([np.frombuffer(b[name][5][1], np.float16) for name in b])
+        assert (scales == ZERO_BLOCK_SCALE).sum() == 5 and (scales > 0).all()
     size = len(ours.tflite_model())
     assert size < len(float_bytes) / (3 if kind == 9 else 5) and abs(size - len(theirs.tflite_model())) < 2048
     assert _op_counts(ours.tflite_model()) == _op_counts(theirs.tflite_model())  # weight-only: 3 DEQUANTIZE
@@ -93,15 +98,14 @@ def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatc
     time into a file-backed spool (never loaded whole), model.tflite is written tensor by tensor, quantized as it
     goes, and bundled from the file. Float: the in-memory path's bytes; quantized: the quantizer's weights in
     every signature, and the LiteRT-LM engine replies with the in-memory bundle's greedy text. Gemma 3: a tied,
-    scaled embedding table read by the lookup and the logits projection; Llama under int4 (Gemma's padding row is
-    all zeros, its int4 scale rounds to float16 0 and XNNPACK refuses the logits projection, in either path)."""
+    scaled embedding table read by the lookup and the logits projection, whose padding row is all zeros (under
+    int4 its float16 scale was 0 in either path, and XNNPACK refused the decode's logits projection)."""
     litert_lm = pytest.importorskip("litert_lm")
     from targets import lm_stream
     from targets.lm import convert_lm
     from tests.llm_models import save_model_dir
 
-    arch = "llama" if scheme == "dynamic_int4_block32" else "gemma3"
-    d = save_model_dir(arch, tmp_path / arch)
+    d = save_model_dir("gemma3", tmp_path / "gemma3")
     kw = dict(prefill_lengths=(8,), cache_len=64, quantize=scheme)
     mem = convert_lm(d, ["android"], tmp_path / "mem", **kw)["android"]
     monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
@@ -129,7 +133,8 @@ def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatc
         session.run_prefill(["hello world, the cache holds keys"])
         return session.run_decode().texts[0]
 
-    assert reply(ours["model.litertlm"]) == reply(mem["model.litertlm"])
+    text = reply(ours["model.litertlm"])
+    assert text and text == reply(mem["model.litertlm"])
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "phi3", "mixtral"])
