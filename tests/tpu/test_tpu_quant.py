@@ -122,9 +122,10 @@ def test_matmul_spellings_are_quantized_and_match():
     assert shapes.get("conv1d_w") == (256, 128) and len(shapes) == 2, shapes
     assert all(s.dtype == torch.float32 and s.shape[0] == q.shape[0] for q, s in plan.weights.values())
     bundle = tpu_backend.export_program(prog, platforms=("tpu", "cpu"), quant="int8", use_pallas="auto")
-    # The constant folder turned proj.T / small.T into [in, out] weights; the small one stays f32.
+    # h @ proj.T / @ small.T are linears over the weights as stored (converter/passes/fold_matmul_transpose),
+    # not transposed copies; the small one stays f32.
     floats = {n: t for n, t in bundle.weights.items() if t.dtype == torch.float32 and t.dim() == 2}
-    assert [tuple(t.shape) for t in floats.values()] == [(64, 8)], floats.keys()
+    assert [tuple(t.shape) for t in floats.values()] == [(8, 64)], floats.keys()
     # 128 / 256 wide: "auto" takes the int8 kernel for both.
     assert "_int8_matmul_kernel" in KERNEL.findall(bundle.signatures["serving_default"].exported.mlir_module())
     with torch.no_grad():
