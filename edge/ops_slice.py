@@ -293,10 +293,24 @@ def cache_write(lw, cache, update, pos, dim):
     the op's eager definition (converter.llm_ops)."""
     dim %= cache.rank
     x = plain(lw, cache)
-    first = strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
-    zeros = [lw.const(np.zeros(n, np.int32)) for n in (dim, cache.rank - dim - 1)]
-    parts = [p for p in (zeros[0], first, zeros[1]) if p.shape[0]]
-    start = lw.op("CONCATENATION", [lw.tensor(plain(lw, p)) for p in parts], (cache.rank,), np.int32,
-                  opts=lw.options("Concatenation", axis=0), suffix="start") if len(parts) > 1 else first
+    start = _cache_start(lw, pos, dim, cache.rank)
     ins = [lw.tensor(x), lw.tensor(plain(lw, lw.cast(update, x.dtype))), lw.tensor(start)]
     return lw.op("DYNAMIC_UPDATE_SLICE", ins, x.shape, x.dtype)
+
+
+def _cache_start(lw, pos, dim: int, rank: int):
+    """The int32 [rank] start index (0, ..., pos[0], ..., 0) with pos[0] at ``dim``: written once per signature for
+    every cache write reading the same positions at the same dim (each layer's k and v: a CONCATENATION per write, and
+    in prefill a SLICE of the positions too, were 2-4 builtin ops per layer in every step)."""
+    key = None if pos.is_const else ("cache_write_start", pos.tensor, tuple(pos.perm), np.dtype(pos.dtype).name, dim,
+                                     rank)
+    if key is not None and key in lw.memo:
+        return lw.memo[key]
+    first = strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
+    zeros = [lw.const(np.zeros(n, np.int32)) for n in (dim, rank - dim - 1)]
+    parts = [p for p in (zeros[0], first, zeros[1]) if p.shape[0]]
+    start = lw.op("CONCATENATION", [lw.tensor(plain(lw, p)) for p in parts], (rank,), np.int32,
+                  opts=lw.options("Concatenation", axis=0), suffix="start") if len(parts) > 1 else first
+    if key is not None:
+        lw.memo[key] = start
+    return start

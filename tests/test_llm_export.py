@@ -164,6 +164,25 @@ def test_batch_of_two_prefills_and_decodes_like_transformers(hf):
         assert rel_err(torch.as_tensor(out["logits"]), want[:, 8:]) <= 1e-4
 
 
+def test_each_signature_writes_its_cache_start_index_once(runtimes):
+    """Every layer's k and v DYNAMIC_UPDATE_SLICE reads one start index (0, 0, pos[0], 0), a CONCATENATION written
+    once per signature (was one per write: 2 per layer in each decode step)."""
+    from ai_edge_litert import schema_py_generated as s
+
+    flat = runtimes[0]["litert"].tflite_model()
+    m = s.Model.GetRootAs(flat, 0)
+    code = [max(m.OperatorCodes(i).BuiltinCode(), m.OperatorCodes(i).DeprecatedBuiltinCode())
+            for i in range(m.OperatorCodesLength())]
+    for k in range(m.SignatureDefsLength()):
+        sg = m.Subgraphs(m.SignatureDefs(k).SubgraphIndex())
+        ops = [sg.Operators(i) for i in range(sg.OperatorsLength())]
+        writes = [op for op in ops if code[op.OpcodeIndex()] == s.BuiltinOperator.DYNAMIC_UPDATE_SLICE]
+        starts = {op.Inputs(2) for op in writes}
+        makers = [op for op in ops if op.OutputsLength() and op.Outputs(0) in starts]
+        assert len(writes) == 4 and len(starts) == 1  # 2 layers x (k, v)
+        assert [code[op.OpcodeIndex()] for op in makers] == [s.BuiltinOperator.CONCATENATION]
+
+
 @pytest.mark.parametrize("start", [3, 0, 7])  # inside; at 0; past the end (clamped back to end at the last slot)
 def test_cache_write_is_a_clamped_dynamic_update_slice_on_both_backends(start):
     """converter.llm_ops.cache_write: the block lands at pos[0] (the other positions are ignored: LiteRT-LM pads
