@@ -51,7 +51,7 @@ def _prepare_many(requests, strict, enable_x64, keep) -> Program:
         }
         exported[r.name] = (ep, info)
     prog = program_from_exported(exported, enable_x64=enable_x64)
-    return run_shared_passes(prog)
+    return run_shared_passes(prog, keep=keep)
 
 
 def prepare(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None, strict="auto",

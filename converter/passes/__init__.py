@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..decompositions import KEEP_WHOLE
 from ..program import Program, verify_program
 from ._util import drop_unused_weights, sync_weights
 from .dead_code import remove_dead_code
@@ -26,8 +27,12 @@ SHARED_PASSES = [fold_matmul_transpose, fold_batchnorm, apply_dtype_policy, fold
                  name_tensors]
 
 
-def run_shared_passes(prog: Program, passes=SHARED_PASSES) -> Program:
+def run_shared_passes(prog: Program, passes=SHARED_PASSES, *, keep=KEEP_WHOLE) -> Program:
+    """``keep``: the ops the decomposition kept whole; a pass that writes an op outside it (its
+    ``writes`` attribute) is skipped, so a caller that asked for linear decomposed gets no linear back."""
     for p in passes:
+        if not set(getattr(p, "writes", ())) <= set(keep):
+            continue
         p(prog)
         # Passes add and orphan weights; keep placeholders, weight_names and weights in step.
         for sig in prog.signatures.values():

@@ -30,6 +30,9 @@ def fold_matmul_transpose(prog: Program) -> None:
             _fold_one(prog, sig.graph, n)
 
 
+fold_matmul_transpose.writes = (aten.linear.default,)  # run_shared_passes skips it where linear is decomposed
+
+
 def _fold_one(prog, graph, mm) -> bool:
     if mm.target is aten.addmm.default:
         bias, x, rhs = mm.args[:3]

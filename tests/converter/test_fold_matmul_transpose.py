@@ -150,3 +150,10 @@ def test_dynamic_batch_is_folded_without_a_guard():
     got = tpu_backend.export_program(prog, platforms=("cpu",))(x3)
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert rel_err(np.asarray(got), m(x3).detach()) <= 1e-5
+
+
+def test_no_linear_where_the_caller_asked_for_linear_decomposed():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prog = prepare(Hand("t_bias").eval(), (torch.randn(3, 8),), keep=frozenset())
+    assert aten.linear.default not in {n.target for n in _ops(prog)}
