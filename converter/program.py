@@ -94,6 +94,8 @@ class Program:
 
     def fingerprint(self) -> str:
         """A hash of the program's code and weights (for artifact manifests)."""
+        from .page_release import release_pages
+
         h = hashlib.sha256()
         for name, sig in sorted(self.signatures.items()):
             h.update(name.encode())
@@ -106,6 +108,9 @@ class Program:
             flat = w.detach().contiguous().cpu().reshape(-1)
             if w.numel():
                 h.update(memoryview(flat.view(torch.uint8).numpy()))
+                # a weight mapped from a model directory was paged in by the hash: give those pages back (a
+                # no-op for weights in memory; never for a page that was written)
+                release_pages(w)
         return h.hexdigest()
 
 

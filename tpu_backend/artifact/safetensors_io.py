@@ -46,9 +46,12 @@ def write_safetensors(f, tensors: dict[str, torch.Tensor], metadata: dict[str, s
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     f.write(struct.pack("<Q", len(raw)))
     f.write(raw)
+    from converter.page_release import release_pages
+
     for t in tensors.values():
         if t.numel():
             f.write(memoryview(torch_to_numpy_array(t).reshape(-1).view(np.uint8)))
+            release_pages(t)  # a weight mapped from a model directory: its pages, read for the write, go back
 
 
 def read_safetensors(path: str, offset: int, length: int, what: str = "weights.safetensors") -> dict[str, np.ndarray]:
