@@ -23,11 +23,15 @@ Modes (ours unless named):
   tpu      the module loaded in memory, tpu_export.convert(..., targets=["tpu-v6e"]): the TPU artifact (export,
            weights streamed into weights.safetensors, libtpu AOT compile for one v6e chip); size = the folder's.
            The compile runs in a child process (tpu_backend/compile_worker.py; the default for these sizes)
+  tpu_dir  tpu from the model directory loaded lazily (convert-lm's load: parameters are private maps of the
+           shards, paged in as read; the fingerprint and the weights.safetensors write give each weight's pages back,
+           converter/page_release.py); a bf16 directory stays bf16
   tpu_in_process  tpu with aot_in_process=True: libtpu's compile in the converting process
   tpu_child  tpu with aot_in_process=False: the compile in a child whatever the size (--models tiny: its cost)
   peer     litert-torch 0.10.0 convert(..., lightweight_conversion=True) then export(path), in its
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
-Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4);
+Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4,
+tpu,tpu_dir: the tpu modes keep its bf16);
 vit_b_16 (#16's held-out zoo goal: peak RSS <= 0.7x the peer's) with --modes vit_memory,vit_stream,vit_peer
 (convert() + export(), output_file_path, the peer's convert() + export()).
 Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
@@ -153,6 +157,10 @@ def worker(mode: str, folder: str, out: str) -> None:
         kwargs["weights_loader"] = safetensors_loader(folder)
         if mode in ("loader_int8", "loader_int4"):  # quantized while streaming (FULLY_CONNECTED weights, the table)
             kwargs["quant_config"] = "dynamic_int8" if mode == "loader_int8" else "dynamic_int4_block32"
+    elif mode == "tpu_dir":
+        hf = _lazy_dir(folder)
+    elif mode in ("tpu", "tpu_in_process", "tpu_child"):  # a TPU artifact keeps the checkpoint's dtype (3B: bf16)
+        hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=_dir_dtype(torch, folder)).eval()
     else:
         hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     module = wrap(hf).eval()
@@ -175,7 +183,7 @@ def worker(mode: str, folder: str, out: str) -> None:
     elif mode == "peer":
         model = litert_torch.convert(module, (ids,), lightweight_conversion=True)
         model.export(out)
-    elif mode in ("tpu", "tpu_in_process", "tpu_child"):  # a TPU artifact for one v6e chip, the module in memory
+    elif mode in ("tpu", "tpu_in_process", "tpu_child", "tpu_dir"):  # a TPU artifact for one v6e chip
         import shutil
 
         import tpu_export
@@ -204,6 +212,36 @@ def worker(mode: str, folder: str, out: str) -> None:
                       "process_s": round(time.perf_counter() - t_start, 1),
                       "peak_rss_gb": round(_peak_rss() / 2**30, 2),
                       "size_gb": round(os.path.getsize(out) / 2**30, 3)}))
+
+
+def _dir_dtype(torch, folder: str):
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    return getattr(torch, cfg.get("dtype") or cfg.get("torch_dtype") or "float32")
+
+
+def _lazy_dir(folder: str):
+    """The directory's model with its parameters mapped from the shards, read on demand (tpu_dir): convert-lm's
+    lazy load (targets/lm_stream.load_lazily) for a float32 directory; a bf16 one built the same way in bf16 and
+    mapped where it lies (load_lazily would cast it to float32 into a spool: the TPU artifact keeps bf16)."""
+    import torch
+    import transformers
+
+    from converter.lazy_weights import map_safetensors, params_on_meta
+    from targets.lm_stream import load_lazily
+
+    dtype = _dir_dtype(torch, folder)
+    if dtype == torch.float32:
+        model = load_lazily(folder)
+        assert model is not None and isinstance(model.tpu_export_spool, list), "not mapped: the bench expects it"
+        return model
+    cfg = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    with params_on_meta():
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+    mapped = map_safetensors(model, folder)
+    assert mapped is not None, f"{folder}: not mappable as {dtype}"
+    model.tpu_export_spool = mapped[1]
+    return model
 
 
 def _peak_rss() -> int:
