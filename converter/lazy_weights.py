@@ -32,6 +32,7 @@ __all__ = ["materialize", "map_safetensors", "restore", "drop_pages", "drop_all_
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
+_DROP_PIECE = 256 << 20  # bytes checked and released at once by _Spool.drop
 # the spools alive in this process (filled only while a conversion holds one)
 _SPOOLS: "weakref.WeakSet[_Spool]" = weakref.WeakSet()
 
@@ -82,10 +83,14 @@ class _Spool:
     def drop(self, addr: int, nbytes: int) -> bool:
         if self.map is None or not self.base <= addr < self.base + self.size:
             return False
+        from .page_release import release_span
+
         lo = (addr - self.base) // _PAGE * _PAGE
         hi = min(self.size, addr - self.base + nbytes)
-        with contextlib.suppress(OSError, ValueError):
-            self.map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        # through page_release's check: a page a parameter's in-place write copied stays (MADV_DONTNEED on this
+        # private map would bring back the file's bytes); pieces of 256 MiB, so one written page keeps only its own
+        for at in range(lo, hi, _DROP_PIECE):
+            release_span(self, at, min(hi, at + _DROP_PIECE))
         return True
 
 

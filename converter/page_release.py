@@ -14,7 +14,7 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["release_pages"]
+__all__ = ["release_pages", "release_span"]
 
 _PAGE = mmap.PAGESIZE
 _PM_PRESENT, _PM_SWAPPED, _PM_FILE = 1 << 63, 1 << 62, 1 << 61  # /proc/<pid>/pagemap entry bits
@@ -44,15 +44,21 @@ def release_pages(tensor) -> bool:
         if sp.map is not None and sp.base <= addr and addr + n <= sp.base + sp.size:
             lo = (addr - sp.base) // _PAGE * _PAGE
             hi = min(sp.size, -(-(addr - sp.base + n) // _PAGE) * _PAGE)
-            clean = _never_written(sp.base + lo, hi - lo)
-            if clean is False:
-                return False
-            try:
-                sp.map.madvise(mmap.MADV_DONTNEED if clean else _MADV_PAGEOUT, lo, hi - lo)
-            except (OSError, ValueError):  # no madvise here: the pages go with the map
-                return False
-            return True
+            return release_span(sp, lo, hi)
     return False
+
+
+def release_span(sp, lo: int, hi: int) -> bool:
+    """Release bytes [lo, hi) (page-aligned ``lo``) of the map of spool ``sp`` under the rule above; True when
+    released, False (nothing touched) when a page of it was ever written or madvise is not available."""
+    clean = _never_written(sp.base + lo, hi - lo)
+    if clean is False:
+        return False
+    try:
+        sp.map.madvise(mmap.MADV_DONTNEED if clean else _MADV_PAGEOUT, lo, hi - lo)
+    except (OSError, ValueError):  # no madvise here: the pages go with the map
+        return False
+    return True
 
 
 def _extent(t) -> tuple[int, int]:
