@@ -27,8 +27,8 @@ import weakref
 import numpy as np
 import torch
 
-__all__ = ["materialize", "map_safetensors", "restore", "drop_pages", "drop_all_pages", "safetensors_loader",
-           "load_one", "WeightsLoaderError", "StorageReleaser", "params_on_meta"]
+__all__ = ["materialize", "map_safetensors", "restore", "drop_pages", "drop_all_pages", "spool_holding",
+           "safetensors_loader", "load_one", "WeightsLoaderError", "StorageReleaser", "params_on_meta"]
 
 _ALIGN = 64
 _PAGE = mmap.PAGESIZE
@@ -80,18 +80,16 @@ class _Spool:
         flat = torch.frombuffer(self.map, dtype=torch.uint8, count=n, offset=at)
         return flat.view(like.dtype).reshape(like.shape)
 
-    def drop(self, addr: int, nbytes: int) -> bool:
-        if self.map is None or not self.base <= addr < self.base + self.size:
-            return False
+    def release(self, addr: int, nbytes: int) -> bool:
+        """Give back the pages of this map under [addr, addr + nbytes) (inside the map) that were never written,
+        through converter.page_release's check (a page a parameter's in-place write copied stays: MADV_DONTNEED
+        on this private map would bring back the file's bytes), in pieces of 256 MiB so that one written page
+        keeps only its own piece. True when every piece was given back."""
         from .page_release import release_span
 
         lo = (addr - self.base) // _PAGE * _PAGE
-        hi = min(self.size, addr - self.base + nbytes)
-        # through page_release's check: a page a parameter's in-place write copied stays (MADV_DONTNEED on this
-        # private map would bring back the file's bytes); pieces of 256 MiB, so one written page keeps only its own
-        for at in range(lo, hi, _DROP_PIECE):
-            release_span(self, at, min(hi, at + _DROP_PIECE))
-        return True
+        hi = min(self.size, -(-(addr - self.base + nbytes) // _PAGE) * _PAGE)
+        return all([release_span(self, at, min(hi, at + _DROP_PIECE)) for at in range(lo, hi, _DROP_PIECE)])
 
 
 class _FileMap(_Spool):
@@ -112,9 +110,21 @@ def drop_pages(array) -> bool:
     file if used again) and return True. Anything else is left alone (False): a no-op without a
     conversion's spool."""
     addr, n = _address(array)
-    if not _SPOOLS or not n:
+    sp = spool_holding(addr, n)
+    if sp is None:
         return False
-    return any(sp.drop(addr, n) for sp in list(_SPOOLS))
+    sp.release(addr, n)
+    return True
+
+
+def spool_holding(addr: int, nbytes: int):
+    """The spool (or mapped shard) whose map holds all of [addr, addr + nbytes), or None."""
+    if not nbytes:
+        return None
+    for sp in list(_SPOOLS):
+        if sp.map is not None and sp.base <= addr and addr + nbytes <= sp.base + sp.size:
+            return sp
+    return None
 
 
 def _address(array) -> tuple[int, int]:
@@ -129,7 +139,8 @@ def _address(array) -> tuple[int, int]:
 def drop_all_pages() -> None:
     """Give back every spool page read so far (after a computation read weights from them)."""
     for sp in list(_SPOOLS):
-        sp.drop(sp.base, sp.size)
+        if sp.map is not None:
+            sp.release(sp.base, sp.size)
 
 
 def load_one(loader, name: str, like: torch.Tensor) -> torch.Tensor | None:

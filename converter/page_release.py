@@ -35,17 +35,11 @@ def release_pages(tensor) -> bool:
     reclaims clean file pages and never discards data (an anonymous page stays, or goes to swap). Boundary pages
     shared with a neighbouring tensor are checked (and released) with it. Meant for the one thread reading the
     weights (the fingerprint's hash, the artifact's weight loop): a write racing with the check is not seen."""
-    from .lazy_weights import _SPOOLS
+    from .lazy_weights import spool_holding
 
     addr, n = _extent(tensor)
-    if not n or not _SPOOLS:
-        return False
-    for sp in list(_SPOOLS):
-        if sp.map is not None and sp.base <= addr and addr + n <= sp.base + sp.size:
-            lo = (addr - sp.base) // _PAGE * _PAGE
-            hi = min(sp.size, -(-(addr - sp.base + n) // _PAGE) * _PAGE)
-            return release_span(sp, lo, hi)
-    return False
+    sp = spool_holding(addr, n)
+    return sp is not None and sp.release(addr, n)
 
 
 def release_span(sp, lo: int, hi: int) -> bool:
