@@ -13,22 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .quantize_prep import buffer_span
+
 __all__ = ["ZERO_BLOCK_SCALE", "nonzero_block_scales"]
 
 # float16's smallest positive normal, 2**-14: XNNPACK accepts any positive normal float32 (CheckFp16Scale), so 1.0
 # would load too, but this one keeps the "range ~0" a reader of the scales sees, is exact in bfloat16 (the
 # quantizer's 7-bit-mantissa rule) and is normal in float16 itself, for a runtime that checks the half value
 ZERO_BLOCK_SCALE = np.float16(2.0 ** -14)
-
-
-def _span(model, index: int) -> tuple[int, int]:
-    """(start, length) of buffer ``index``'s bytes in the file: after the flatbuffer (the large-model form's offset
-    and size) or inside it (its ``data`` vector); (0, 0) when it has none."""
-    buf = model.Buffers(index)
-    if buf.Offset() > 1:
-        return int(buf.Offset()), int(buf.Size())
-    slot = buf._tab.Offset(4)  # Buffer.data (vtable slot 4)
-    return (int(buf._tab.Vector(slot)), int(buf._tab.VectorLen(slot))) if slot else (0, 0)
 
 
 def _blockwise_weights(model, s) -> dict:
@@ -66,7 +58,7 @@ def nonzero_block_scales(data: bytes | bytearray) -> bytes | bytearray:
     # every mask is read before anything is written: two tensors may share a weight or a scales buffer
     todo = []
     for (wbuf, sbuf), (bits, rows, cols, block) in _blockwise_weights(model, s).items():
-        (sstart, slen), (wstart, wlen) = _span(model, sbuf), _span(model, wbuf)
+        (sstart, slen), (wstart, wlen) = buffer_span(model.Buffers(sbuf)), buffer_span(model.Buffers(wbuf))
         row_bytes = cols * bits // 8
         if slen != rows * (cols // block) * 2 or wlen != rows * row_bytes:
             continue

@@ -20,7 +20,7 @@ import collections
 
 import numpy as np
 
-__all__ = ["prepare_for_quantizer"]
+__all__ = ["prepare_for_quantizer", "buffer_span"]
 
 
 def prepare_for_quantizer(tflite: bytes, *, embedding_lookup: bool = False) -> bytes | bytearray:
@@ -53,13 +53,19 @@ def _data_spans(model) -> list[tuple[int, int, int]]:
     spans = []
     for i in range(model.BuffersLength()):
         buf = model.Buffers(i)
-        if buf.Offset() > 1:
-            spans.append((i, int(buf.Offset()), int(buf.Size())))
-            continue
-        slot = buf._tab.Offset(4)  # Buffer.data (vtable slot 4)
-        if slot and buf._tab.VectorLen(slot) >= _INLINE_BELOW and i not in metadata:
-            spans.append((i, int(buf._tab.Vector(slot)), int(buf._tab.VectorLen(slot))))
+        start, n = buffer_span(buf)
+        if buf.Offset() > 1 or (n >= _INLINE_BELOW and i not in metadata):
+            spans.append((i, start, n))
     return spans
+
+
+def buffer_span(buf) -> tuple[int, int]:
+    """(start, length) of a Buffer's bytes in the file: after the flatbuffer (the large-model form's offset and
+    size) or inside it (its ``data`` vector, read in place); (0, 0) when it has none."""
+    if buf.Offset() > 1:
+        return int(buf.Offset()), int(buf.Size())
+    slot = buf._tab.Offset(4)  # Buffer.data (vtable slot 4)
+    return (int(buf._tab.Vector(slot)), int(buf._tab.VectorLen(slot))) if slot else (0, 0)
 
 
 def _pack_external(obj, spans, tflite, s) -> bytearray:
