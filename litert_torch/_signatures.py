@@ -70,12 +70,12 @@ def read_signatures(data: bytes) -> dict:
 def _buffer_bytes(data, buf) -> bytes:
     """A buffer's bytes, inline or in the large-model form (Buffer.offset / size, after the flatbuffer): where
     ai-edge-quantizer moves every buffer of 1 KiB or more, our structure metadata of a many-layer LLM included."""
-    if buf.Offset() > 1:
-        start, size = int(buf.Offset()), int(buf.Size())
-        if start + size > len(data):
-            raise ValueError(f"a metadata buffer lies past the file's end ({start}+{size} > {len(data)} bytes)")
-        return bytes(data[start:start + size])
-    return bytes(buf.DataAsNumpy()) if buf.DataLength() else b""
+    from edge.quantize_prep import buffer_span
+
+    start, size = buffer_span(buf)
+    if start + size > len(data):
+        raise ValueError(f"a metadata buffer lies past the file's end ({start}+{size} > {len(data)} bytes)")
+    return bytes(data[start:start + size])
 
 
 def _spec(name, tensor, meta) -> dict:
