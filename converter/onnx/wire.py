@@ -87,10 +87,15 @@ class MappedWeights:
 
     def owns(self, a) -> bool:
         """Whether ``a`` is an array whose memory is one of the maps (made by ``array``, or a view of one)."""
+        return self._map_of(a) is not None
+
+    def _map_of(self, a):
+        """The map whose memory the array ``a`` views, or None."""
         while isinstance(a, np.ndarray):
             a = a.base
         # np.frombuffer keeps a memoryview of the map
-        return isinstance(a, memoryview) and any(a.obj is m for m in self._maps)
+        m = a.obj if isinstance(a, memoryview) else None
+        return m if any(m is x for x in self._maps) else None
 
     def release(self, a) -> None:
         """Drop the pages under ``a`` (a view of a map, just copied) from this process's memory: the file's
@@ -98,11 +103,8 @@ class MappedWeights:
         build no longer holds every weight twice (the map's pages and the copies)."""
         from numpy.lib.array_utils import byte_bounds
 
-        base = a
-        while isinstance(base, np.ndarray):
-            base = base.base
-        m = base.obj if isinstance(base, memoryview) else None
-        if not any(m is x for x in self._maps) or m.closed:
+        m = self._map_of(a)
+        if m is None or m.closed:
             return
         lo, hi = byte_bounds(a)
         start = lo - np.frombuffer(m, np.uint8, count=1).__array_interface__["data"][0]
