@@ -222,25 +222,15 @@ def _dir_dtype(torch, folder: str):
 
 def _lazy_dir(folder: str):
     """The directory's model with its parameters mapped from the shards, read on demand (tpu_dir): convert-lm's
-    lazy load (targets/lm_stream.load_lazily) for a float32 directory; a bf16 one built the same way in bf16 and
-    mapped where it lies (load_lazily would cast it to float32 into a spool: the TPU artifact keeps bf16)."""
+    lazy load (targets/lm_stream.load_lazily) in the directory's own dtype (a bf16 one stays bf16, mapped where it
+    lies: the TPU artifact keeps bf16)."""
     import torch
-    import transformers
 
-    from converter.lazy_weights import map_safetensors, params_on_meta
     from targets.lm_stream import load_lazily
 
     dtype = _dir_dtype(torch, folder)
-    if dtype == torch.float32:
-        model = load_lazily(folder)
-        assert model is not None and isinstance(model.tpu_export_spool, list), "not mapped: the bench expects it"
-        return model
-    cfg = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
-    with params_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-    mapped = map_safetensors(model, folder)
-    assert mapped is not None, f"{folder}: not mappable as {dtype}"
-    model.tpu_export_spool = mapped[1]
+    model = load_lazily(folder, dtype=dtype)
+    assert model is not None and isinstance(model.tpu_export_spool, list), f"{folder}: not mapped as {dtype}"
     return model
 
 

@@ -34,25 +34,28 @@ def _checkpoint_shapes(path: str) -> dict:
     return out
 
 
-def load_lazily(path: str):
+def load_lazily(path: str, dtype=None):
     """The directory's causal LM with its parameters in a file-backed spool, read one tensor at a time (cast to
-    float32 as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` float32
-    bytes (a small model loads as before) or when the checkpoint's names or shapes are not the parameters' (a
+    ``dtype`` as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` bytes
+    in ``dtype`` (a small model loads as before) or when the checkpoint's names or shapes are not the parameters' (a
     checkpoint transformers converts as it loads). Built from config.json with the parameters on the meta device and the
     buffers computed on the CPU (converter.lazy_weights.params_on_meta), then pointed at a private map of the shards
-    (map_safetensors: a float32 checkpoint is not copied) or filled by materialize from safetensors_loader (a bf16
-    one, cast as read); the conversion pages the weights in as it reads them and gives the pages back."""
+    (map_safetensors: a checkpoint stored in ``dtype`` is not copied) or filled by materialize from safetensors_loader
+    (another dtype, cast as read); the conversion pages the weights in as it reads them and gives the pages back.
+    ``dtype``: the parameters' (default float32, what convert-lm converts; bench/large.py keeps a bf16 directory
+    bf16 for the TPU artifact)."""
     import torch
     import transformers
 
     from converter.lazy_weights import map_safetensors, materialize, params_on_meta, safetensors_loader
 
+    dtype = torch.float32 if dtype is None else dtype
     shapes = _checkpoint_shapes(path)
-    if 4 * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
+    if dtype.itemsize * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
         return None
     cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     with params_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, trust_remote_code=False)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, trust_remote_code=False)
     model.eval()
     if any(shapes.get(name) != tuple(p.shape) for name, p in model.named_parameters()):
         # checkpoint keys transformers renames or fuses as it loads (Mixtral's experts): its own loader, whole
