@@ -152,7 +152,7 @@ def worker(mode: str, folder: str, out: str) -> None:
             hf = transformers.LlamaForCausalLM(cfg).eval()
         # non-persistent buffers are not in the checkpoint: the rotary table is rebuilt on the CPU
         hf.model.rotary_emb = type(hf.model.rotary_emb)(cfg)
-        from converter.lazy_weights import safetensors_loader
+        from converter.safetensors_weights import safetensors_loader
 
         kwargs["weights_loader"] = safetensors_loader(folder)
         if mode in ("loader_int8", "loader_int4"):  # quantized while streaming (FULLY_CONNECTED weights, the table)

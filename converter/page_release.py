@@ -1,9 +1,10 @@
 """Pages of our own weight maps given back once read (#16): ``release_pages(tensor)``.
 
-converter.lazy_weights maps a model directory's shards (``map_safetensors``) or a spool (``materialize``)
-privately; a weight read from such a map pages in and would stay resident (RssFile) for the process's life. The
-TPU artifact reads every weight twice after lowering (the program's fingerprint, then weights.safetensors); each
-read releases the pages it is done with, so the process holds about one tensor of weights at a time.
+converter.safetensors_weights maps a model directory's shards (``map_safetensors``) and lazy_weights a spool
+(``materialize``) privately; a weight read from such a map pages in and would stay resident (RssFile) for the
+process's life. The TPU artifact reads every weight twice after lowering (the program's fingerprint, then
+weights.safetensors); each read releases the pages it is done with, so the process holds about one tensor of
+weights at a time.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
     (the module is unusable afterwards). ``weights_loader``: a callable ``name -> tensor`` or a
     dict giving parameter values by ``named_parameters()`` name; with the module built on the meta
     device, weights are loaded one at a time into a file-backed map, never all in memory
-    (``converter.lazy_weights.safetensors_loader(folder)`` reads a model directory's shards).
+    (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
     ``progress(msg)``: a line per long step (weights written: tensors, MiB, MiB/s).
     With ``quant_config`` ``"dynamic_int8"``, ``"weight_only_int8"`` or ``"dynamic_int4_block32"``, a
     file output and more than 1 GiB of weights, the quantization runs while streaming: each

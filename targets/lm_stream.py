@@ -47,7 +47,8 @@ def load_lazily(path: str, dtype=None):
     import torch
     import transformers
 
-    from converter.lazy_weights import map_safetensors, materialize, params_on_meta, safetensors_loader
+    from converter.lazy_weights import materialize, params_on_meta
+    from converter.safetensors_weights import map_safetensors, safetensors_loader
 
     dtype = torch.float32 if dtype is None else dtype
     shapes = _checkpoint_shapes(path)
