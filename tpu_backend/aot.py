@@ -34,7 +34,7 @@ from .artifact.report import build_report
 from .artifact.versions import runtime_versions
 from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
 from .compile_cache import cache_folder
-from .host import prepare_cpu_host
+from .host import prepare_cpu_host, x64_scope
 
 __all__ = ["compile_for", "compile_many", "compile_on_devices", "topology_devices", "HbmOverflowError", "AotError",
            "InvalidTopologyError", "prepare_cpu_host", "signature_job", "compile_signature", "finish_target",
@@ -148,7 +148,6 @@ def compile_on_devices(bundle, devices: list, *, target: str, topology: str, chi
                        cache_dir=None) -> CompiledTarget:
     """Compile for the given devices: compile-only TPU devices of a topology, or devices jax
     already runs (e.g. the local CPU, or an attached TPU)."""
-    from .export import x64_scope
 
     mesh, used = placed_devices(bundle.mesh, devices, target, topology)
     hbm = hbm_bytes if hbm_bytes is not None else (chip.hbm_bytes_per_device if chip else None)

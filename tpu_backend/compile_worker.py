@@ -150,7 +150,7 @@ def main(argv=None) -> int:
 
 
 def _compile(work: str, write_file) -> int:
-    from .host import prepare_cpu_host
+    from .host import prepare_cpu_host, x64_scope
 
     prepare_cpu_host()  # before jax's backends start
     with open(os.path.join(work, "job.json"), encoding="utf-8") as f:
@@ -171,9 +171,7 @@ def _compile(work: str, write_file) -> int:
     for i, sj in enumerate(job["signatures"]):
         with open(os.path.join(work, f"{i}.jaxexport"), "rb") as f:
             exported = jax.export.deserialize(bytearray(f.read()))
-        # as export.x64_scope (not imported here: that module brings torch)
-        x64 = jax.enable_x64(True) if job["enable_x64"] else contextlib.nullcontext()
-        with x64:
+        with x64_scope(job["enable_x64"]):
             raw, figures = aot.compile_signature(exported, sj, used, mesh, job["hbm_bytes"], topo.chip.target,
                                                  topo.shape, (folder, topo.libtpu_name))
         write_file(os.path.join(work, f"{i}.exe"), raw)

@@ -9,7 +9,6 @@ the Program's dim ranges as constraints. With a mesh, shardings are exported aga
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 import time
@@ -22,6 +21,7 @@ from .artifact import structure
 from .artifact.dtypes import name_to_numpy, torch_to_name
 from .artifact.format import PLATFORMS
 from .artifact.specs import ArtifactTensorSpec
+from .host import x64_scope
 from .sharding import MeshSpec, PartitionRules, named_sharding
 
 __all__ = ["ExportedSignature", "ExportedBundle", "ExportError", "export_program", "export_lowered", "PLATFORMS",
@@ -104,15 +104,6 @@ class ExportedBundle:
         if self._program is None:
             self._program = self.to_program()
         return self._program(*args, signature_name=signature_name, **kwargs)
-
-
-def x64_scope(enabled: bool):
-    """jax's 64-bit mode for the duration of a block (never switched on globally)."""
-    if not enabled:
-        return contextlib.nullcontext()
-    import jax
-
-    return jax.enable_x64(True)
 
 
 def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=False, mesh=None,

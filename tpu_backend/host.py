@@ -11,11 +11,12 @@ calls :func:`prepare_cpu_host` first, so library users need not; importing chang
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import os
 
-__all__ = ["prepare_cpu_host", "tpu_attached"]
+__all__ = ["prepare_cpu_host", "tpu_attached", "x64_scope"]
 
 _GOOGLE_PCI_VENDOR = "0x1ae0"
 
@@ -43,3 +44,13 @@ def prepare_cpu_host() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v6e-4")
+
+
+def x64_scope(enabled: bool):
+    """jax's 64-bit mode for the duration of a block (never switched on globally); here, not in export.py, so the
+    compile worker, which must not import torch, shares it."""
+    if not enabled:
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.enable_x64(True)

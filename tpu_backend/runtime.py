@@ -21,7 +21,7 @@ from converter.input_check import InputValueError, bind_inputs, check_inputs
 from .artifact import structure
 from .artifact.dtypes import numpy_to_torch, torch_to_numpy_array
 from .artifact.versions import runtime_versions
-from .export import x64_scope
+from .host import x64_scope
 from .sharding import MeshSpec, named_sharding
 
 __all__ = ["load", "TpuProgram", "current_platform"]
