@@ -106,6 +106,41 @@ def convert_in_subprocess(py, impl, onnx_path, out):
                     extra_env={"CUDA_VISIBLE_DEVICES": ""})
 
 
+def convert_alternating(impls, peer_py, onnx_path, tmp, name, runs) -> dict:
+    """{impl: its worker's row, with convert_s / convert_cpu_s the medians of ``runs`` conversions}: one at a time
+    (the host is shared), ours and each peer alternating, so that a noisy stretch falls on both."""
+    each = {impl: [] for impl in impls}
+    for _ in range(runs):
+        for impl in impls:
+            py = sys.executable if impl == "ours" else peer_py
+            each[impl].append(convert_in_subprocess(py, impl, onnx_path, os.path.join(tmp, f"{name}.{impl}.tflite")))
+    rows = {}
+    for impl, infos in each.items():
+        ok = [i for i in infos if "error" not in i]
+        if not ok:
+            rows[impl] = infos[0]
+            continue
+        row = dict(ok[-1])
+        for key in ("convert_s", "convert_cpu_s", "peak_rss_mb"):
+            vals = [i[key] for i in ok if key in i]
+            if vals:
+                row[key] = statistics.median(vals)
+                row[f"{key}_each"] = vals
+        rows[impl] = row
+    return rows
+
+
+def torch_import_floor_cpu_s() -> float:
+    """CPU seconds a fresh interpreter spends on ``import torch`` and torch.export's tracer (which imports dynamo): the
+    part of each of our conversions that is torch's own start-up, whatever the model."""
+    code = ("import resource, torch, torch.export._trace; r = resource.getrusage(resource.RUSAGE_SELF); "
+            "print(r.ru_utime + r.ru_stime)")
+    base = ("import resource; r = resource.getrusage(resource.RUSAGE_SELF); print(r.ru_utime + r.ru_stime)")
+    runs = [float(subprocess.run([sys.executable, "-c", c], capture_output=True, text=True, check=True).stdout)
+            for _ in range(3) for c in (code, base)]
+    return statistics.median(runs[0::2]) - statistics.median(runs[1::2])
+
+
 def _key(name: str) -> str:
     return re.sub(r"[^0-9a-z]", "", name.lower())
 
@@ -166,6 +201,8 @@ def main():
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--exporter", default="torchscript17", choices=("torchscript17", "dynamo18"))
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--convert-runs", type=int, default=1,
+                    help="conversions per converter, alternating ours / each peer; the row keeps the medians")
     ap.add_argument("--fresh", type=int, default=4,
                     help="the latency ratio is the median of this many fresh-process A/Bs by CPU time "
                          "(bench/onnx_latency_ab.py; one process's ratio is off by up to +-5%% here); 0: one "
@@ -200,10 +237,7 @@ def main():
             sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
             refs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, inputs)))
             del sess
-            row = {"model": name}
-            for impl in impls:  # one at a time: the host is shared
-                py = sys.executable if impl == "ours" else peer_py
-                row[impl] = convert_in_subprocess(py, impl, onnx_path, os.path.join(tmp, f"{name}.{impl}.tflite"))
+            row = {"model": name, **convert_alternating(impls, peer_py, onnx_path, tmp, name, a.convert_runs)}
             timed = {}
             for impl in impls:
                 out, info = os.path.join(tmp, f"{name}.{impl}.tflite"), row[impl]
@@ -226,6 +260,8 @@ def main():
             print(json.dumps(row), file=sys.stderr, flush=True)
     for peer in impls[1:]:
         report(rows, a.exporter, peer)
+    print(f"\nfloor: import torch + torch.export in a fresh interpreter, {torch_import_floor_cpu_s():.2f} CPU s "
+          f"(part of each of ours)")
 
 
 def _fresh_latency(row, impls, name, tmp, inputs, n):
