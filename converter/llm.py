@@ -16,7 +16,9 @@ The cache protocol (what every signature takes and returns; static shapes, batch
   one block at slots ``input_pos[0] .. input_pos[0] + T - 1`` (converter.llm_ops.cache_write: a
   dynamic-update-slice on axis 2, not a scatter) before attention; query t attends to the slots
   ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache keeps every
-  slot, the mask applies the window), so stale slots past the current position are never read and a short prompt
+  slot, the mask applies the window; in ``decode`` such a layer attends over only the ``sliding_window`` slots
+  ending at its position, gathered from the cache, when the window is shorter than the cache), so stale slots
+  past the current position are never read and a short prompt
   can be padded to L: the pad rows' positions may be anything (LiteRT-LM passes 0), their keys land after the
   prompt's and decode overwrites them before it reads them. Keep ``input_pos[0] + T <= cache_len`` (a block that
   would run past the end is moved back to end at the last slot, as dynamic-update-slice clamps).
@@ -69,12 +71,15 @@ class _StateLayer:
     is_sliding = False
     is_compileable = True
 
-    def __init__(self, keys, values, pos):
+    def __init__(self, keys, values, pos, window_slots=None):
         self.keys, self.values, self.pos, self.is_initialized = keys, values, pos, True
+        self.window_slots = window_slots
 
     def update(self, key_states, value_states, *args, **kwargs):
         self.keys = cache_write(self.keys, key_states, self.pos, 2)
         self.values = cache_write(self.values, value_states, self.pos, 2)
+        if self.window_slots is not None:  # a sliding layer's decode reads only its window (KVCacheLM._window)
+            return self.keys.index_select(2, self.window_slots), self.values.index_select(2, self.window_slots)
         return self.keys, self.values
 
     def get_seq_length(self):  # only read when position_ids are missing; they never are here
@@ -116,15 +121,19 @@ class KVCacheLM(torch.nn.Module):
         self.spec = CacheSpec(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
                               int(cache_len), head_dim, dtype, int(batch))
 
-    def _masks(self, pos):
+    def _masks(self, pos, window_slots=None):
         """The additive attention mask from positions: query t sees the slots <= its position (and, in a
         sliding-window layer, > its position - window). Models with ``config.layer_types`` take one mask per
-        type (transformers' own convention for mixed layers, e.g. Gemma 3)."""
+        type (transformers' own convention for mixed layers, e.g. Gemma 3). ``window_slots``: the cache slots a
+        sliding layer reads (``_window``); its mask is over those, not the whole cache."""
         slots = torch.arange(self.spec.cache_len, device=pos.device)
         causal = slots[None, :] <= pos[:, None]  # [T, cache_len]
         dtype = self.model.get_input_embeddings().weight.dtype
-        window = getattr(self.model.config, "sliding_window", None)
-        sliding = causal & (slots[None, :] > pos[:, None] - int(window)) if window else None
+        window = self._sliding_window()
+        sliding = None
+        if window:
+            seen = slots if window_slots is None else window_slots
+            sliding = (seen[None, :] <= pos[:, None]) & (seen[None, :] > pos[:, None] - window)
         if self.layer_types is None:
             # no per-layer types: every layer slides when the config sets a window (Mistral, Phi-3, Mixtral)
             return _additive(causal if sliding is None else sliding, dtype)
@@ -133,13 +142,37 @@ class KVCacheLM(torch.nn.Module):
             masks["sliding_attention"] = _additive(sliding, dtype)
         return masks
 
+    def _sliding_window(self) -> int | None:
+        window = getattr(self.model.config, "sliding_window", None)
+        return int(window) if window else None
+
+    def _window(self, pos, steps: int):
+        """The cache slots a sliding-window layer reads in ``decode`` (one token at position p): the window's
+        slots (p - window, p], as ``window`` slots starting at p - window + 1 clamped into the cache (a start
+        below 0 reads slots the mask hides). None outside decode, or when the window is not shorter than the
+        cache. Gathering them costs a copy of the window; attending over the whole cache costs, on XNNPACK, a
+        packing of every slot of K and V per layer and step (~1/3 of an int8 decode step, bench/kv_layout.py), so
+        a 512-slot window over a 1024-slot cache halves that layer's attention, and a 4096-slot cache's by 8x."""
+        window = self._sliding_window()
+        if steps != 1 or not window or window >= self.spec.cache_len:
+            return None
+        start = torch.clamp(pos[:1] - (window - 1), 0, self.spec.cache_len - window)
+        return start + torch.arange(window, device=pos.device)
+
+    def _slides(self, i: int) -> bool:
+        if self.layer_types is None:
+            return self._sliding_window() is not None
+        return self.layer_types[i] == "sliding_attention"
+
     def forward(self, tokens, input_pos, **caches):
         names = self.spec.names()
         pos = input_pos.to(torch.long)
-        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos) for i in range(self.spec.num_layers)]
+        window = self._window(pos, tokens.shape[1])
+        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos, window if self._slides(i) else None)
+                  for i in range(self.spec.num_layers)]
         position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
         with _grouped_query_sdpa(self.model.config):
-            out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos),
+            out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos, window),
                              position_ids=position_ids, cache=_explicit_cache(layers), use_cache=True)
         result = {"logits": out.logits}
         for i, layer in enumerate(layers):

@@ -138,6 +138,62 @@ def test_other_architectures_generate_like_transformers(arch):
         assert greedy_generate(rt, spec, ids, NEW, eos_token_id=2) == want
 
 
+
+@pytest.fixture(scope="module")
+def gemma3_window():
+    """Gemma 3 with a window of 8 slots over a cache of 64: its decode and the same decode over the whole cache
+    (converter.llm's window read switched off) on caches full of random values, so that a slot the window leaves
+    out but the mask would show (or the reverse) changes the logits."""
+    prefix, extra = ARCHS["gemma3"]
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**_TINY, **extra)).eval()
+    lm = KVCacheLM(model, CACHE).eval()
+    caches = {n: torch.randn(lm.spec.shape) for n in lm.spec.names()}
+    return model, lm, caches
+
+
+def _decode(lm, caches, pos, window=True):
+    token, input_pos = torch.tensor([[5]], dtype=torch.int32), torch.tensor([pos], dtype=torch.int32)
+    saved = lm._window
+    if not window:
+        lm._window = lambda *a: None
+    try:
+        with torch.no_grad():
+            return lm(token, input_pos, **caches)
+    finally:
+        lm._window = saved
+
+
+@pytest.mark.parametrize("pos", [0, 5, 7, 8, 30, CACHE - 1])  # the window's start clamped at 0, moving, at the end
+def test_sliding_layer_decode_reads_only_its_window(gemma3_window, pos):
+    _, lm, caches = gemma3_window
+    want = _decode(lm, caches, pos, window=False)
+    got = _decode(lm, caches, pos)
+    assert rel_err(got["logits"], want["logits"]) <= 1e-6
+    for name in lm.spec.names():  # the same writes (a later layer's to float rounding of an earlier one's output)
+        assert rel_err(got[name], want[name]) <= 1e-6
+
+
+def test_sliding_window_read_on_both_backends(gemma3_window):
+    """The decode signature gathers the 8-slot window of the sliding layer (K and V), not of the global one, and
+    the .tflite and the TPU artifact give the whole-cache decode's logits at a start clamped low, moving and
+    clamped high."""
+    from edge import convert_program
+
+    model, lm, caches = gemma3_window
+    prog, spec = prepare_lm(model, prefill_lengths=(8,), cache_len=CACHE)
+    ops = prog.signature("decode").op_histogram()
+    assert ops.get("aten.index_select.default") == 2 and "aten.index_select.default" not in \
+        prog.signature("prefill_8").op_histogram()
+    rts = {"litert": litert_torch.Model(convert_program(prog)),
+           "tpu": tpu_backend.export_program(prog, platforms=("cpu",))}
+    for pos in (3, 30, CACHE - 1):
+        want = _decode(lm, caches, pos, window=False)["logits"]
+        for name, rt in rts.items():
+            out = rt(torch.tensor([[5]], dtype=torch.int32), torch.tensor([pos], dtype=torch.int32),
+                     signature_name="decode", **caches)
+            assert rel_err(torch.as_tensor(out["logits"]), want) <= 1e-4, (name, pos)
+
 def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
     pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
     prog, _ = prepare_lm(hf, prefill_lengths=PREFILL, cache_len=CACHE)
