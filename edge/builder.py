@@ -281,6 +281,8 @@ class ModelBuilder:
         self.subgraphs: list[SubgraphBuilder] = []
         self.signature_defs = []
         self.metadata: dict[str, bytes] = {}
+        # what a lowering shares across signatures (edge.attention_prefix's subgraphs): key -> value
+        self.memo: dict = {}
 
     def buffer(self, array: np.ndarray) -> int:
         """The index of a buffer holding ``array``'s bytes; an identical earlier buffer is reused.

@@ -507,5 +507,6 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                 outs.append((spec.name, t))
     lw.sg.inputs = [t for _, t in inputs]
     lw.sg.outputs = [t for _, t in outs]
-    model.add_signature(sig.name, len(model.subgraphs) - 1, inputs, outs)
+    # its own subgraph's index: a lowering may have added subgraphs after it (edge.attention_prefix)
+    model.add_signature(sig.name, model.subgraphs.index(lw.sg), inputs, outs)
     return lw

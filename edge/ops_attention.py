@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from . import layout as L
+from .attention_prefix import prefix_attention
 from .helpers import binary
 from .lower import sym_binary
 from .ops_nn import batch_matmul
@@ -43,6 +44,10 @@ def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     if rep > 1:  # grouped-query attention: fold the q heads of one kv head into its rows
         qs = lw.reshape(qs, qd[:-3] + [hk, sym_binary(operator.mul, rep, qd[-2]), e])
     scores_shape = tuple(qs.shape[:-1]) + (S,)
+    if L_ == 1 and len(masks) == 1 and (folded or rep == 1):  # a decode step: read only the filled prefix
+        o = _decode_prefix(lw, qs, k, v, _grouped_mask(lw, masks[0], rep) if folded else masks[0])
+        if o is not None:
+            return lw.reshape(o, qd[:-1] + [v.shape[-1]]) if rep > 1 else o
     s = batch_matmul(lw, qs, Val(k.shape[:-2] + (k.shape[-1], S), k.dtype, _swap_last(k.perm), tensor=k.tensor,
                                  const=None if not k.is_const else np.swapaxes(k.const, -1, -2)), shape=scores_shape)
     if folded:
@@ -60,6 +65,14 @@ def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     if rep > 1:
         o = lw.reshape(o, qd[:-1] + [v.shape[-1]])
     return o
+
+
+def _decode_prefix(lw, qs: Val, k: Val, v: Val, mask: Val) -> Val | None:
+    """edge.attention_prefix's attention when k and v are this signature's cache writes at the same position."""
+    at = lw.memo.get(("cache_written_at", k.tensor))
+    if at is None or lw.memo.get(("cache_written_at", v.tensor)) is not at:
+        return None
+    return prefix_attention(lw, qs, k, v, mask, at, tuple(qs.shape[:-1]) + (v.shape[-1],))
 
 
 def _foldable(m: Val) -> bool:

@@ -295,7 +295,19 @@ def cache_write(lw, cache, update, pos, dim):
     x = plain(lw, cache)
     start = _cache_start(lw, pos, dim, cache.rank)
     ins = [lw.tensor(x), lw.tensor(plain(lw, lw.cast(update, x.dtype))), lw.tensor(start)]
-    return lw.op("DYNAMIC_UPDATE_SLICE", ins, x.shape, x.dtype)
+    out = lw.op("DYNAMIC_UPDATE_SLICE", ins, x.shape, x.dtype)
+    if dim == x.rank - 2 and not pos.is_const:
+        # where this write's first slot is, for a decode attention reading the cache (edge.attention_prefix)
+        lw.memo[("cache_written_at", out.tensor)] = _first_pos(lw, pos)
+    return out
+
+
+def _first_pos(lw, pos):
+    """pos[0] as int32 [1], once per signature."""
+    key = ("cache_first_pos", pos.tensor, tuple(pos.perm), np.dtype(pos.dtype).name)
+    if key not in lw.memo:
+        lw.memo[key] = strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
+    return lw.memo[key]
 
 
 def _cache_start(lw, pos, dim: int, rank: int):
@@ -306,7 +318,8 @@ def _cache_start(lw, pos, dim: int, rank: int):
                                      rank)
     if key is not None and key in lw.memo:
         return lw.memo[key]
-    first = strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
+    first = _first_pos(lw, pos) if not pos.is_const else \
+        strided_slice(lw, plain(lw, lw.cast(pos, np.int32)), {0: (0, 1, 1)}, out_shape=(1,))
     zeros = [lw.const(np.zeros(n, np.int32)) for n in (dim, rank - dim - 1)]
     parts = [p for p in (zeros[0], first, zeros[1]) if p.shape[0]]
     start = lw.op("CONCATENATION", [lw.tensor(plain(lw, p)) for p in parts], (rank,), np.int32,

@@ -194,6 +194,48 @@ def test_sliding_window_read_on_both_backends(gemma3_window):
                      signature_name="decode", **caches)
             assert rel_err(torch.as_tensor(out["logits"]), want) <= 1e-4, (name, pos)
 
+
+def test_prefix_lengths_of_a_cache():
+    from edge.attention_prefix import prefix_lengths
+
+    assert prefix_lengths(64) == prefix_lengths(511) == []  # one attention over every slot
+    assert prefix_lengths(512) == [256, 512]
+    assert prefix_lengths(1000) == [334, 668, 1000]  # steps of at least 256 slots
+    assert prefix_lengths(4096) == list(range(512, 4097, 512))
+    assert prefix_lengths(8192) == list(range(1024, 8193, 1024))  # at most 8
+
+
+def test_edge_decode_reads_only_the_filled_prefix_of_a_long_cache(hf):
+    """A 1024-slot cache: the .tflite's decode picks at run time the shortest static prefix (256, 512, 768 or 1024
+    slots) that holds the position (edge.attention_prefix: an IF chain over subgraphs shared by the layers), and gives
+    the whole-cache decode's logits at each prefix's edges, with random values in every slot (a slot the prefix left
+    out while the mask showed it would change them)."""
+    from edge import convert_program
+    from edge.inspect import op_histogram
+
+    cache = 1024
+    lm = KVCacheLM(hf, cache).eval()
+    prog, spec = prepare_lm(hf, prefill_lengths=(8,), cache_len=cache)
+    lite = convert_program(prog)
+    from ai_edge_litert import schema_py_generated as schema
+
+    model = schema.Model.GetRootAs(lite, 0)
+    index = {model.SignatureDefs(i).SignatureKey().decode(): model.SignatureDefs(i).SubgraphIndex()
+             for i in range(model.SignatureDefsLength())}
+    assert model.SubgraphsLength() == 2 + 4 + 2  # two signatures, four prefixes, two choosers
+    assert op_histogram(lite, subgraph=index["decode"]).get("IF") == 2  # one per layer
+    assert "IF" not in op_histogram(lite, subgraph=index["prefill_8"])
+    rt = litert_torch.Model(lite)
+    caches = {n: torch.randn(spec.shape, generator=torch.Generator().manual_seed(1)) for n in spec.names()}
+    token = torch.tensor([[7]], dtype=torch.int32)
+    for pos in (0, 255, 256, 511, 512, 767, 768, cache - 1):
+        input_pos = torch.tensor([pos], dtype=torch.int32)
+        with torch.no_grad():
+            want = lm(token, input_pos, **caches)
+        got = rt(token, input_pos, signature_name="decode", **caches)
+        assert rel_err(torch.as_tensor(got["logits"]), want["logits"]) <= 1e-5, pos
+        assert rel_err(torch.as_tensor(got["kv_cache_v_1"]), want["kv_cache_v_1"]) <= 1e-6, pos
+
 def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
     pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
     prog, _ = prepare_lm(hf, prefill_lengths=PREFILL, cache_len=CACHE)

@@ -85,6 +85,31 @@ def test_engine_generates_like_our_loop_and_transformers(bundles, arch, prompt):
     assert _engine_reply(path, PROMPTS[prompt]) == tok.decode(want)
 
 
+
+def test_engine_runs_the_decode_over_the_filled_prefix(tmp_path):
+    """With a 512-slot cache the decode signature picks its attention's prefix (256 or 512 slots) through IF ops and
+    subgraphs of their own (edge.attention_prefix): the LiteRT-LM engine runs them and replies with transformers'
+    greedy tokens."""
+    from edge.inspect import op_histogram
+
+    cache = 512
+    d = save_model_dir("llama", tmp_path / "llama")
+    model = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
+    prog, spec = prepare_lm(model, prefill_lengths=(8, 16), cache_len=cache)
+    lite = convert_program(prog)
+    assert op_histogram(lite).get("IF", 0) >= 2
+    path = write_litertlm(tmp_path / "llama.litertlm", lite, tokenizer_json=d / "tokenizer.json",
+                          stop_token_ids=[EOS], max_num_tokens=cache, cache_spec=spec, prompt_template=CHAT_TEMPLATE)
+    tok = tiny_tokenizer()
+    ids = tok(PROMPTS["two_chunks"]).input_ids
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=NEW)[0, len(ids):].tolist()
+    engine = litert_lm.Engine(str(path), max_num_tokens=cache)
+    session = engine.create_session(apply_prompt_template=False, sampler_config=litert_lm.SamplerConfig(top_k=1),
+                                    max_output_tokens=NEW)
+    session.run_prefill([PROMPTS["two_chunks"]])
+    assert session.run_decode().texts[0] == tok.decode(want)
+
 def test_a_large_model_form_tflite_runs_in_the_engine(bundles):
     """The .tflite past 2 GiB is in the large-model form (Buffer.offset/size after the flatbuffer): forced on the tiny
     Llama, the bundle holds it as written (offsets from the TFLite section's start) and the engine replies with

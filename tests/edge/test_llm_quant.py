@@ -166,6 +166,22 @@ def test_quantized_bundle_generates_in_the_engine(lm, scheme, tmp_path):
     assert session.run_decode().texts[0] == tiny_tokenizer().decode(ours)
 
 
+
+def test_quantized_decode_over_the_filled_prefix():
+    """A 512-slot cache: the decode's attention runs through edge.attention_prefix's IF subgraphs; quantized
+    (dynamic_int8) they stay float and the model keeps the float model's greedy tokens."""
+    from edge.inspect import op_histogram
+
+    model, _ = _fitted("llama")
+    with torch.no_grad():
+        prog, spec = prepare_lm(model, prefill_lengths=PREFILL, cache_len=512)
+        flt = edge.convert_program(prog)
+    prompt = torch.tensor([tiny_tokenizer()(PROMPT).input_ids])
+    ref = greedy_generate(litert_torch.Model(flt), spec, prompt, max_new_tokens=NEW)
+    q = quantize_tflite(flt, "dynamic_int8")
+    assert op_histogram(q).get("IF", 0) == op_histogram(flt)["IF"] >= 2
+    assert _forced(litert_torch.Model(q), spec, prompt, ref) >= AGREE["dynamic_int8"]
+
 def test_large_model_form_quantizes_like_the_classic_form(tmp_path):
     """A .tflite in the large-model form (weights after the flatbuffer, Buffer.offset/size: how edge.convert writes
     a model past 2 GiB) goes through the same name/embedding rewrite (repacked with its data moved and the offsets
@@ -198,8 +214,8 @@ def test_the_quantizers_input_is_the_float_model_with_each_weight_once(lm):
     assert moved == sorted(f.Buffers(i).DataAsNumpy().tobytes() for i in range(f.BuffersLength())
                            if f.Buffers(i).DataLength() >= 1024 and i not in metadata)
     assert len(flt) <= len(prep) <= len(flt) + 64 * 1024
-    for g in range(m.SubgraphsLength()):  # the token embedding of prefill and of decode
-        sg = m.Subgraphs(g)
+    for i in range(m.SignatureDefsLength()):  # the token embedding of prefill and of decode (not the attention IFs')
+        sg = m.Subgraphs(m.SignatureDefs(i).SubgraphIndex())
         codes = [m.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode() for i in range(sg.OperatorsLength())]
         assert codes.count(s.BuiltinOperator.EMBEDDING_LOOKUP) == 1
     names = [m.Subgraphs(g).Tensors(i).Name() for g in range(m.SubgraphsLength())
