@@ -86,13 +86,13 @@ def test_engine_generates_like_our_loop_and_transformers(bundles, arch, prompt):
 
 
 
-def test_engine_runs_the_decode_over_the_filled_prefix(tmp_path):
-    """With a 512-slot cache the decode signature picks its attention's prefix (256 or 512 slots) through IF ops and
+@pytest.mark.parametrize("cache", [512, 4096])  # one IF per layer; eight prefixes, IFs nested seven deep
+def test_engine_runs_the_decode_over_the_filled_prefix(tmp_path, cache):
+    """The decode signature picks its attention's prefix (of 256 or 512 slots; of 512 ... 4096) through IF ops and
     subgraphs of their own (edge.attention_prefix): the LiteRT-LM engine runs them and replies with transformers'
     greedy tokens."""
     from edge.inspect import op_histogram
 
-    cache = 512
     d = save_model_dir("llama", tmp_path / "llama")
     model = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
     prog, spec = prepare_lm(model, prefill_lengths=(8, 16), cache_len=cache)
