@@ -45,3 +45,27 @@ def test_snippet_has_the_real_signature(encoder):
     js = es_module_snippet(lower_for_target(encoder[2], "web"))
     assert '{"name": "input_ids", "shape": [1, 16], "dtype": "int32"}' in js
     assert '{"name": "output_1", "shape": [1, 64], "dtype": "float32"}' in js
+
+
+def test_llm_decode_over_the_filled_prefix_in_chromium():
+    """An LLM's decode over a 512-slot cache (edge.attention_prefix: IF ops over prefix subgraphs) in LiteRT.js: the
+    eager decode's logits, at a position in the second prefix, with random values in every cache slot."""
+    import torch
+    transformers = pytest.importorskip("transformers")
+
+    from converter.llm import KVCacheLM, prepare_lm
+    from edge import convert_program
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    lm = KVCacheLM(model, 512).eval()
+    prog, spec = prepare_lm(model, prefill_lengths=(8,), cache_len=512)
+    caches = {n: torch.randn(spec.shape) for n in spec.names()}
+    token, pos = torch.tensor([[5]], dtype=torch.int32), torch.tensor([300], dtype=torch.int32)
+    with torch.no_grad():
+        want = lm(token, pos, **caches)["logits"]
+    out = run_in_chromium(convert_program(prog), {"tokens": token.numpy(), "input_pos": pos.numpy(),
+                                                  **{k: v.numpy() for k, v in caches.items()}}, signature="decode")
+    assert rel_err(out["logits"], want.numpy()) <= REL_ERR
