@@ -46,7 +46,7 @@ def _plain(v: Val) -> bool:
     return not v.is_const and v.tensor is not None and tuple(v.perm) == L.identity(v.rank) and v.static
 
 
-def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val, out_shape) -> Val | None:
+def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val) -> Val | None:
     """The decode attention ``softmax(qs @ k^T + mask) @ v`` (qs already scaled, grouped heads folded into rows)
     through the IF chain above, or None when the operands are not the plain static tensors it handles (the caller
     then emits the attention over every slot). ``pos_first``: int32 [1], the token's cache slot."""
@@ -58,16 +58,17 @@ def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val, out
         return None
     if qs.dtype != np.float32 or k.dtype != np.float32 or v.dtype != np.float32 or mask.dtype != np.float32:
         return None
-    key = ("prefix_attention", qs.shape, k.shape, v.shape, mask.shape, tuple(out_shape))
+    out_shape = tuple(qs.shape[:-1]) + (v.shape[-1],)
+    key = ("prefix_attention", qs.shape, k.shape, v.shape, mask.shape)
     chooser = lw.model.memo.get(key)  # the same subgraphs for every layer and signature with these shapes
     if chooser is None:
-        chooser = _Chain(lw.model, qs.shape, k.shape, v.shape, mask.shape, tuple(out_shape), lengths).first
+        chooser = _Chain(lw.model, qs.shape, k.shape, v.shape, mask.shape, out_shape, lengths).first
         lw.model.memo[key] = chooser
     cond = lw.op("LESS", [lw.tensor(pos_first), lw.tensor(lw.const(np.array([lengths[0]], np.int32)))], (1,),
                  np.bool_, suffix="prefix_cond")
     ins = [lw.tensor(cond)] + [lw.tensor(x) for x in (pos_first, qs, k, v, mask)]
     then, other = chooser
-    return lw.op("IF", ins, tuple(out_shape), np.float32, suffix="prefix_attention",
+    return lw.op("IF", ins, out_shape, np.float32, suffix="prefix_attention",
                  opts=lw.options("If", thenSubgraphIndex=then, elseSubgraphIndex=other))
 
 
@@ -99,8 +100,9 @@ class _Chain:
         _, q, k, v, m = sg.inputs
         if b < s_len:
             cut = []
-            for t, shape in ((k, self.shapes[2]), (v, self.shapes[3]), (m, self.shapes[4])):
-                axis = len(shape) - (2 if t != m else 1)
+            # K and V cut along their slot axis (-2), the mask along its last
+            for t, shape, axis in ((k, self.shapes[2], -2), (v, self.shapes[3], -2), (m, self.shapes[4], -1)):
+                axis %= len(shape)
                 size = [-1] * len(shape)
                 size[axis] = b
                 out = sg.tensor(f"prefix_{b}", tuple(b if i == axis else d for i, d in enumerate(shape)), np.float32)

@@ -72,7 +72,7 @@ def _decode_prefix(lw, qs: Val, k: Val, v: Val, mask: Val) -> Val | None:
     at = lw.memo.get(("cache_written_at", k.tensor))
     if at is None or lw.memo.get(("cache_written_at", v.tensor)) is not at:
         return None
-    return prefix_attention(lw, qs, k, v, mask, at, tuple(qs.shape[:-1]) + (v.shape[-1],))
+    return prefix_attention(lw, qs, k, v, mask, at)
 
 
 def _foldable(m: Val) -> bool:
