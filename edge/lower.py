@@ -58,9 +58,8 @@ class Lowerer(LoweringContextBase):
         self.symbols: dict = {}  # sympy symbol of a dynamic input dim -> its SymVal ("dim", input, d)
         self._dims: dict = {}  # (tensor, physical dim) -> int32 [1] tensor of that dim's run-time size
         self._derived: set = set()  # symbols solved from a derived input dim ((dim - b) // a)
-        self._reshaped: dict = {}  # (tensor, static shape) -> its RESHAPE: one per signature, not one per reader
         # what a lowering emits once per signature and reuses for every node that asks (a grouped-query mask,
-        # tiled once for all the layers reading it): key -> Val
+        # tiled once for all the layers reading it; a tensor's RESHAPE to a static shape): key -> value
         self.memo: dict = {}
 
     # ------------------------------------------------------------------ current node
@@ -305,11 +304,10 @@ class Lowerer(LoweringContextBase):
             src_t = self.sg.tensors[t]
             if src_t.shapeSignature is None and tuple(phys) == tuple(src_t.shape):
                 return Val(logical, v.dtype, out_perm, tensor=t)
-            key = (t, tuple(phys))
-            if key not in self._reshaped:
-                out = self.op("RESHAPE", [t, self.shape_tensor(phys)], logical, v.dtype, out_perm)
-                self._reshaped[key] = out.tensor
-            return Val(logical, v.dtype, out_perm, tensor=self._reshaped[key])
+            key = ("reshape", t, tuple(phys))
+            if key not in self.memo:
+                self.memo[key] = self.op("RESHAPE", [t, self.shape_tensor(phys)], logical, v.dtype, out_perm).tensor
+            return Val(logical, v.dtype, out_perm, tensor=self.memo[key])
         shape_t = self.shape_tensor(phys)
         return self.op("RESHAPE", [t, shape_t], logical, v.dtype, out_perm)
 
