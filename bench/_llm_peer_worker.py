@@ -16,7 +16,7 @@ import time
 def main():
     model_dir, out_dir, prefill, cache, recipe = sys.argv[1:6]
     t0 = time.perf_counter()
-    from litert_torch.generative.export_hf import export as export_lib
+    from tpu_export.litert_torch.generative.export_hf import export as export_lib
 
     t1 = time.perf_counter()
     export_lib.export(model=model_dir, output_dir=out_dir, prefill_lengths=[int(prefill)], cache_length=int(cache),

@@ -31,7 +31,7 @@ def main():
     import numpy as np
     from jax import lax
 
-    from tpu_backend.lowering.ops_conv import _im2col
+    from tpu_export.tpu_backend.lowering.ops_conv import _im2col
 
     def native(x, w, s):
         p = w.shape[2] // 2

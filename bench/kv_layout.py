@@ -67,7 +67,7 @@ def main():
     a = ap.parse_args()
     from ai_edge_litert.interpreter import Interpreter
 
-    import litert_torch
+    from tpu_export import litert_torch
 
     kv, rows, d = CONFIGS[a.config]
     torch.manual_seed(0)

@@ -123,7 +123,7 @@ def vit_worker(mode: str, out: str) -> None:
     torch.manual_seed(0)
     module, x = ViT(224, 16, 768, 12, 12, 3072, 1000).eval(), torch.randn(1, 3, 224, 224)
     t0 = time.perf_counter()
-    import litert_torch
+    from tpu_export import litert_torch
 
     if mode == "vit_stream":
         litert_torch.convert(module, (x,), output_file_path=out)
@@ -152,7 +152,7 @@ def worker(mode: str, folder: str, out: str) -> None:
             hf = transformers.LlamaForCausalLM(cfg).eval()
         # non-persistent buffers are not in the checkpoint: the rotary table is rebuilt on the CPU
         hf.model.rotary_emb = type(hf.model.rotary_emb)(cfg)
-        from converter.safetensors_weights import safetensors_loader
+        from tpu_export.converter.safetensors_weights import safetensors_loader
 
         kwargs["weights_loader"] = safetensors_loader(folder)
         if mode in ("loader_int8", "loader_int4"):  # quantized while streaming (FULLY_CONNECTED weights, the table)
@@ -165,12 +165,12 @@ def worker(mode: str, folder: str, out: str) -> None:
         hf = transformers.LlamaForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
     module = wrap(hf).eval()
     t0 = time.perf_counter()
-    import litert_torch
+    from tpu_export import litert_torch
 
     if mode == "phases":  # where our streamed conversion's time goes: capture, lowering, the write
-        from converter import prepare_many
-        from converter.pipeline import SignatureRequest
-        from edge.convert import lower_program, write_model
+        from tpu_export.converter import prepare_many
+        from tpu_export.converter.pipeline import SignatureRequest
+        from tpu_export.edge.convert import lower_program, write_model
 
         prog = prepare_many([SignatureRequest("serving_default", module, (ids,))])
         t1 = time.perf_counter()
@@ -226,7 +226,7 @@ def _lazy_dir(folder: str):
     lies: the TPU artifact keeps bf16)."""
     import torch
 
-    from targets.lm_stream import load_lazily
+    from tpu_export.targets.lm_stream import load_lazily
 
     dtype = _dir_dtype(torch, folder)
     model = load_lazily(folder, dtype=dtype)
@@ -250,7 +250,7 @@ def check_output(path: str, folder: str) -> float:
     code = f"""
 import sys, torch, transformers, numpy as np
 sys.path.insert(0, {ROOT!r})
-import litert_torch
+from tpu_export import litert_torch
 from tests.numerics import rel_err
 ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(1))
 hf = transformers.LlamaForCausalLM.from_pretrained({folder!r}, torch_dtype=torch.float32).eval()

@@ -59,7 +59,7 @@ def prepare(name: str, work: str) -> str:
 
 
 def convert(folder: str, out: str, quant: str) -> dict:
-    from targets.lm import convert_lm
+    from tpu_export.targets.lm import convert_lm
 
     t0 = time.perf_counter()
     lines = []
@@ -72,8 +72,8 @@ def convert(folder: str, out: str, quant: str) -> dict:
                          quantize=None if quant == "none" else quant, progress=say)["android"]
     dt = time.perf_counter() - t0
     tfl, bundle = written["model.tflite"], written["model.litertlm"]
-    from edge.builder import schema
-    from edge.tflite_check import map_tflite
+    from tpu_export.edge.builder import schema
+    from tpu_export.edge.tflite_check import map_tflite
 
     data = map_tflite(tfl)  # the tables only: the large form keeps no weight bytes inside them
     m = schema().Model.GetRootAs(data, 0)

@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--no-pallas", action="store_true", help="plain XLA attention on TPU too")
     ap.add_argument("--json", help="write the report's llm section here")
     a = ap.parse_args()
-    from tpu_backend.aot import prepare_cpu_host
+    from tpu_export.tpu_backend.aot import prepare_cpu_host
 
     prepare_cpu_host()
     import warnings
@@ -41,9 +41,9 @@ def main():
     import torch
     import transformers
 
-    from converter.llm import KVCacheLM, lm_requests
-    from converter.pipeline import prepare_many
-    from tpu_backend.llm import export_lm
+    from tpu_export.converter.llm import KVCacheLM, lm_requests
+    from tpu_export.converter.pipeline import prepare_many
+    from tpu_export.tpu_backend.llm import export_lm
 
     times = {}
     t0 = time.perf_counter()

@@ -103,7 +103,7 @@ def ab(paths: dict, x=None, rounds: int = 40, block: int = 5, xnnpack: bool = Tr
 # --- knock-out variants -------------------------------------------------------------------------------------
 
 def _names():
-    from edge.builder import builtin_names
+    from tpu_export.edge.builder import builtin_names
 
     return builtin_names()
 
@@ -161,7 +161,7 @@ def knock_out(model, groups) -> int:
 def write_variant(src: str, dst: str, groups) -> int:
     import flatbuffers
 
-    from edge.inspect import read_model
+    from tpu_export.edge.inspect import read_model
 
     with open(src, "rb") as f:
         model = read_model(f.read())
@@ -181,7 +181,7 @@ def single_op_models(path: str):
 
     import flatbuffers
 
-    from edge.inspect import read_model
+    from tpu_export.edge.inspect import read_model
 
     with open(path, "rb") as f:
         model = read_model(f.read())

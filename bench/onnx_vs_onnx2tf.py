@@ -190,7 +190,7 @@ def rel_err_vs(outs: dict, refs: dict) -> float:
 
 
 def transposes(path: str) -> int:
-    from edge.inspect import op_histogram
+    from tpu_export.edge.inspect import op_histogram
 
     with open(path, "rb") as f:
         return op_histogram(f.read()).get("TRANSPOSE", 0)

@@ -96,7 +96,7 @@ def splash_model(seq, blocks, itemsize=2):
 
 
 def attention_fn(use_pallas, gen):
-    from tpu_backend.pallas import PallasConfig, attention
+    from tpu_export.tpu_backend.pallas import PallasConfig, attention
 
     cfg = PallasConfig(mode=use_pallas, generation=gen)
     return lambda q, k, v: attention(q, k, v, is_causal=True, config=cfg)
@@ -105,7 +105,7 @@ def attention_fn(use_pallas, gen):
 def decoder_block_fn(use_pallas, gen):
     import jax
 
-    from tpu_backend.pallas import PallasConfig, attention, rms_norm
+    from tpu_export.tpu_backend.pallas import PallasConfig, attention, rms_norm
 
     cfg = PallasConfig(mode=use_pallas, generation=gen)
 
@@ -141,7 +141,7 @@ def _specs(dev, seq):
 
 def measure(gen, seq):
     """Rows of (scope, path, bytes, temp, optimal_seconds, flops) for one generation and seq."""
-    from tpu_backend.pallas import block_sizes
+    from tpu_export.tpu_backend.pallas import block_sizes
 
     dev = _device(gen)
     peak, bw = _calibrate(dev)

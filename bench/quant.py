@@ -61,7 +61,7 @@ def random_inputs(args, n, seed):
 
 
 def _convert_ours(module, args, scheme, cal):
-    import litert_torch
+    from tpu_export import litert_torch
 
     if scheme == "float":
         return litert_torch.convert(module, args)
@@ -70,8 +70,8 @@ def _convert_ours(module, args, scheme, cal):
 
 
 def _convert_peer(module, args, scheme, cal):
-    import litert_torch
-    from litert_torch.generative.quantize import quant_attrs, quant_recipes
+    from tpu_export import litert_torch
+    from tpu_export.litert_torch.generative.quantize import quant_attrs, quant_recipes
 
     if scheme == "float":
         return litert_torch.convert(module, args)
@@ -86,8 +86,8 @@ def _convert_peer(module, args, scheme, cal):
     import torch
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from litert_torch.quantize import pt2e_quantizer
-    from litert_torch.quantize.quant_config import QuantConfig
+    from tpu_export.litert_torch.quantize import pt2e_quantizer
+    from tpu_export.litert_torch.quantize.quant_config import QuantConfig
 
     quantizer = pt2e_quantizer.PT2EQuantizer().set_global(
         pt2e_quantizer.get_symmetric_quantization_config(is_per_channel=True))

@@ -68,14 +68,14 @@ def main():
 
 def warm_up(gens):
     """libtpu's one-off start (topology description, compiler set-up) before anything is timed."""
-    from tpu_backend.host import prepare_cpu_host
+    from tpu_export.tpu_backend.host import prepare_cpu_host
 
     prepare_cpu_host()
     import jax
     import jax.numpy as jnp
 
-    from tpu_backend.aot import topology_devices
-    from tpu_backend.chips import parse_topology
+    from tpu_export.tpu_backend.aot import topology_devices
+    from tpu_export.tpu_backend.chips import parse_topology
 
     for g in gens:
         dev = topology_devices(parse_topology(g))[0]
@@ -96,8 +96,7 @@ def _build(name, zoo):
 def measure(name, a, gens) -> dict:
     import torch
 
-    import converter
-    import tpu_backend
+    from tpu_export import converter, tpu_backend
 
     module, args = _build(name, a.zoo)
     r = {"model": name}
@@ -133,9 +132,9 @@ def libtpu_floor(prog, target) -> float:
     no jax.export round trip and no CPU branch (lowered for tpu alone)."""
     import jax
 
-    from tpu_backend.aot import topology_devices
-    from tpu_backend.chips import parse_topology
-    from tpu_backend.lowering import lower_signature
+    from tpu_export.tpu_backend.aot import topology_devices
+    from tpu_export.tpu_backend.chips import parse_topology
+    from tpu_export.tpu_backend.lowering import lower_signature
 
     lo = lower_signature(prog, platforms=("tpu",))
     dev = topology_devices(parse_topology(target))[0]
@@ -151,7 +150,7 @@ def libtpu_floor(prog, target) -> float:
 
 
 def _np_dtype(torch_dtype):
-    from tpu_backend.artifact.dtypes import name_to_numpy, torch_to_name
+    from tpu_export.tpu_backend.artifact.dtypes import name_to_numpy, torch_to_name
 
     return name_to_numpy(torch_to_name(torch_dtype))
 
@@ -159,7 +158,7 @@ def _np_dtype(torch_dtype):
 def cpu_vs_eager(bundle, module, args, runs) -> dict:
     import torch
 
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     with tempfile.TemporaryDirectory() as tmp:
         path = tpu_backend.save(bundle, os.path.join(tmp, "m.tpuexp"))

@@ -124,8 +124,7 @@ def worker(a):
         r[f"{name}_s"] = round(time.perf_counter() - t0, 2)
         return out
 
-    import converter
-    import tpu_backend
+    from tpu_export import converter, tpu_backend
 
     built = stage("build", lambda: _build(a.one))
     if built is None:
@@ -182,8 +181,8 @@ def cpu_vs_eager(bundle, module, args, runs) -> dict:
     and medians in alternating blocks of 5 (XLA's pool spins after each run; see bench/tpu_path.py)."""
     import torch
 
-    import tpu_backend
     from tests.numerics import rel_err
+    from tpu_export import tpu_backend
 
     leaves = torch.utils._pytree.tree_leaves
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,7 @@ takes: the contract of converter.registry, the same as the TPU backend's
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = ["convert_program", "is_supported", "EDGE", "lowering", "supported_if", "op_histogram", "run_tflite",
            "QuantConfig", "QuantizationError", "quantize_tflite", "calibration_feeds"]

@@ -294,7 +294,7 @@ class ModelBuilder:
         so the buffers shared are exactly those with equal bytes. A view of memory the builder
         already holds (the same parameter read again by the next signature) is that buffer at
         once: nothing is read (the 0.84 B Llama's decode signature hashed 3.3 GB here, #15)."""
-        from converter.lazy_weights import drop_all_pages, drop_pages
+        from tpu_export.converter.lazy_weights import drop_all_pages, drop_pages
 
         data = _raw(array)
         # spilled when large and computed here (a folded or transposed weight); a bias (1-D) stays
@@ -330,7 +330,7 @@ class ModelBuilder:
         return idx
 
     def _add(self, data, spillable: bool) -> int:
-        from converter.lazy_weights import drop_pages
+        from tpu_export.converter.lazy_weights import drop_pages
 
         on_disk = drop_pages(data)  # a weight mapped from disk: reading it paged it in; give the pages back
         self.buffers.append(_AlignedBuffer(data if on_disk or not spillable else self._spilled(data)))
@@ -352,7 +352,7 @@ class ModelBuilder:
         spill = getattr(self, "_spill", None)
         if spill is None or len(data) < _SPILL_FROM:
             return data
-        from converter.lazy_weights import drop_all_pages
+        from tpu_export.converter.lazy_weights import drop_all_pages
 
         spill.write(memoryview(data))
         at, self._spill_size = self._spill_size, self._spill_size + len(data)
@@ -507,7 +507,7 @@ class ModelBuilder:
         return written
 
     def _written(self, b, release) -> None:
-        from converter.lazy_weights import drop_pages
+        from tpu_export.converter.lazy_weights import drop_pages
 
         data, b.data = b.data, None  # written once; the builder no longer keeps the array alive
         drop_pages(data)

@@ -12,8 +12,8 @@ import os
 
 import torch
 
-from converter.decompositions import KEEP_WHOLE, decompose_nodes
-from converter.support import check_support
+from tpu_export.converter.decompositions import KEEP_WHOLE, decompose_nodes
+from tpu_export.converter.support import check_support
 
 from . import (
     layout,
@@ -148,7 +148,7 @@ def write_model(model: ModelBuilder, path, *, large: bool | None = None, progres
     """Write a lowered model to ``path`` atomically, streaming its weights (see ``write_program``)."""
     import time
 
-    from converter.atomic import write_file
+    from tpu_export.converter.atomic import write_file
 
     t0, step = time.perf_counter(), [0]
 

@@ -1,7 +1,7 @@
 """The ``.litertlm`` bundle that Google's LiteRT-LM engine loads: a prefill/decode ``.tflite`` (converter.llm's
 cache protocol), its Hugging Face tokenizer, and the metadata the engine reads, written with ``litert-lm-builder``.
 
-    from converter.llm import prepare_lm
+    from tpu_export.converter.llm import prepare_lm
     prog, spec = prepare_lm(hf_model, prefill_lengths=(32,), cache_len=1024)
     write_litertlm("model.litertlm", edge.convert_program(prog), tokenizer_json="hf_dir/tokenizer.json",
                    stop_token_ids=[2], max_num_tokens=1024, cache_spec=spec)
@@ -30,7 +30,7 @@ import json
 import os
 import re
 
-from converter.atomic import discard, staging_dir, write_file
+from tpu_export.converter.atomic import discard, staging_dir, write_file
 
 __all__ = ["LitertLmError", "MODEL_TYPES", "read_litertlm", "write_litertlm"]
 
@@ -186,7 +186,7 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
     ``start_token_id``: the id the engine prepends to a prompt (None when the tokenizer adds its own, or none);
     ``model_type``: one of MODEL_TYPES (LlmMetadata.llm_model_type).
     """
-    from converter.llm import CacheSpec
+    from tpu_export.converter.llm import CacheSpec
 
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path).endswith(".litertlm"):
         _fail(f"path: {path!r} must be a file path ending in .litertlm (the engine picks the format by suffix)")

@@ -13,8 +13,8 @@ import operator
 import numpy as np
 import torch
 
-from converter.passes.fold_constants import NEVER_FOLD, fold_fits
-from converter.registry import LoweringContextBase, bind_args, unbind_args
+from tpu_export.converter.passes.fold_constants import NEVER_FOLD, fold_fits
+from tpu_export.converter.registry import LoweringContextBase, bind_args, unbind_args
 
 from . import layout as L
 from .builder import ModelBuilder, options, schema
@@ -433,7 +433,7 @@ def _try_fold(lw, node, args):
         return None
     if not fold_fits(sum(o.numel() * o.element_size() for o in outs_t), sum(a.const.nbytes for a in ins)):
         return None
-    from converter.interpret import call_narrowed
+    from tpu_export.converter.interpret import call_narrowed
 
     targs, tkw = torch.utils._pytree.tree_map(
         lambda a: torch.from_numpy(np.array(a.const)) if isinstance(a, Val) else a, unbind_args(node.target, args))

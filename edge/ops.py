@@ -6,7 +6,7 @@ lowering is in edge/ops_<family>.py and its TPU lowering in tpu_backend/lowering
 
 from __future__ import annotations
 
-from converter.registry import import_op_families
+from tpu_export.converter.registry import import_op_families
 
 from .registry import EDGE, lowering, supported_if
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 from .builder import schema
 from .helpers import binary, unary

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 from .helpers import as_val, binary, unary
 from .registry import lowering, supported_if

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 from . import layout as L
 from .helpers import NHWC, binary

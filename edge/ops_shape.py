@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 from . import layout as L
 from .helpers import NHWC, operand, ref_perm

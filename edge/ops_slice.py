@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-import converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
-from converter.registry import arguments
+import tpu_export.converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
+from tpu_export.converter.registry import arguments
 
 from . import layout as L
 from .helpers import plain

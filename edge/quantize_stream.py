@@ -196,7 +196,7 @@ def quantize_weights(model: ModelBuilder, scheme: str = "dynamic_int8", progress
     """Quantize the model's FULLY_CONNECTED weights and embedding tables in place; returns how many buffers changed."""
     if scheme not in STREAM_SCHEMES:
         raise ValueError(f"quantize while streaming supports {list(STREAM_SCHEMES)}, not {scheme!r}")
-    from converter.lazy_weights import drop_all_pages
+    from tpu_export.converter.lazy_weights import drop_all_pages
 
     _lookups_for_gathers(model)
     targets = _weight_buffers(model)

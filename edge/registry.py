@@ -8,7 +8,7 @@ The contract is converter.registry's, the same as the TPU backend's: a lowering 
 
 from __future__ import annotations
 
-from converter.registry import LoweringRegistry, supported_if
+from tpu_export.converter.registry import LoweringRegistry, supported_if
 
 __all__ = ["EDGE", "lowering", "supported_if"]
 

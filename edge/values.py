@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from converter.dtypes import numpy_of
+from tpu_export.converter.dtypes import numpy_of
 
 __all__ = ["Val", "SymVal", "np_dtype"]
 

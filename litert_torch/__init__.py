@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError",
            "ModelRunError", "SignatureNotFoundError", "QuantConfig", "QuantizationError", "TfliteFormatError"]
@@ -23,13 +23,19 @@ _WHERE = {
     "SignatureNotFoundError": "_model",
     "to_channel_last_io": "_channel_last",
 }
-# quantization and the .tflite check live in the edge backend; re-exported here
-_EDGE = {"QuantConfig": "edge.quantize", "QuantizationError": "edge.quantize", "TfliteFormatError": "edge.tflite_check"}
+_from_submodule = lazy_getattr(__name__, _WHERE)
 
 
 def __getattr__(name):
     if name in _WHERE:
-        return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
-    if name in _EDGE:
-        return getattr(importlib.import_module(_EDGE[name]), name)
-    raise AttributeError(f"module 'litert_torch' has no attribute {name!r}")
+        return _from_submodule(name)
+    # quantization and the .tflite check live in the edge backend; re-exported here
+    if name in ("QuantConfig", "QuantizationError"):
+        from tpu_export.edge import quantize
+
+        return getattr(quantize, name)
+    if name == "TfliteFormatError":
+        from tpu_export.edge.tflite_check import TfliteFormatError
+
+        return TfliteFormatError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,13 +18,13 @@ class Converter:
                   dynamic_shapes: Any = None, dim_sizes: dict | None = None) -> "Converter":
         """``module``: an nn.Module, ExportedProgram, .pt2 path, or an ONNX model (an .onnx path or an
         onnx.ModelProto: sample inputs optional; ``dim_sizes={"batch": 1}`` fixes its named dims)."""
-        from converter import SignatureRequest
-        from converter.onnx import is_onnx
+        from tpu_export.converter import SignatureRequest
+        from tpu_export.converter.onnx import is_onnx
 
         if any(r.name == name for r in self._requests):
             raise ValueError(f"signature {name!r} was already added")
         if is_onnx(module):
-            from converter.onnx import capture_inputs
+            from tpu_export.converter.onnx import capture_inputs
 
             module, sample_args, dynamic_shapes = capture_inputs(module, sample_args, dynamic_shapes, dim_sizes)
         elif dim_sizes is not None:
@@ -37,9 +37,9 @@ class Converter:
                 quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False,
                 output_file_path=None, lightweight_conversion=False, delete_in_memory_params=False,
                 weights_loader=None, progress=None, dim_sizes=None):
-        from converter import prepare_many
-        from converter.gc_pause import gc_paused
-        from edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
+        from tpu_export.converter import prepare_many
+        from tpu_export.converter.gc_pause import gc_paused
+        from tpu_export.edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
 
         from ._large import check_memory, materialized, streams_quantization, write_or_bytes
 

@@ -95,7 +95,7 @@ def check_memory(modules, *, to_file: bool, loader) -> None:
 @contextlib.contextmanager
 def materialized(modules, loader, output_file_path, progress):
     """Meta (or loader-given) parameters backed by a file-backed spool for the conversion, then put back."""
-    from converter.lazy_weights import materialize, restore
+    from tpu_export.converter.lazy_weights import materialize, restore
 
     folder = os.path.dirname(os.path.abspath(os.fspath(output_file_path))) if output_file_path else None
     handles = []
@@ -130,7 +130,7 @@ _STREAM_QUANT_FROM = 1 << 30
 
 def streams_quantization(quant, modules, to_file: bool) -> str | None:
     """The scheme to apply while streaming, or None for ai-edge-quantizer's in-memory pass."""
-    from edge.quantize_stream import STREAM_SCHEMES
+    from tpu_export.edge.quantize_stream import STREAM_SCHEMES
 
     if quant is None or not to_file or quant.recipe is not None or quant.scheme not in STREAM_SCHEMES:
         return None
@@ -142,9 +142,9 @@ def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_param
     """Lower ``prog``; the classic bytes for a small in-memory conversion (as before), otherwise a
     Model over the file the weights were streamed into (``output_file_path``, or a temp file
     removed with the Model when lightweight or past 2 GiB)."""
-    from converter.lazy_weights import StorageReleaser
-    from edge.builder import CLASSIC_LIMIT
-    from edge.convert import lower_program, write_model
+    from tpu_export.converter.lazy_weights import StorageReleaser
+    from tpu_export.edge.builder import CLASSIC_LIMIT
+    from tpu_export.edge.convert import lower_program, write_model
 
     from ._model import Model
 
@@ -153,7 +153,7 @@ def write_or_bytes(prog, modules, *, output_file_path, lightweight, delete_param
     folder = os.path.dirname(os.path.abspath(os.fspath(output_file_path))) if output_file_path is not None else None
     model = lower_program(prog, spill=to_file or big, spill_folder=folder)
     if stream_quant is not None:
-        from edge.quantize_stream import quantize_weights
+        from tpu_export.edge.quantize_stream import quantize_weights
 
         quantize_weights(model, stream_quant)
     owned = [t for m in _modules(modules) for t in _tensors(m)] + list(prog.weights.values())

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from converter.errors import one_line
-from converter.input_check import check_inputs
+from tpu_export.converter.errors import one_line
+from tpu_export.converter.input_check import check_inputs
 
 from ._signatures import bind, quantize_floats, read_signatures
 
@@ -40,7 +40,7 @@ class Model:
         """``tflite_model``: the .tflite bytes, or the path of a .tflite file, which is memory-mapped
         (the weights are never read into memory; the interpreter maps the same file). A file in the
         large-model form (past 2 GiB: weights after the flatbuffer) loads only from a path."""
-        from edge.tflite_check import TfliteFormatError, check_tflite, map_tflite
+        from tpu_export.edge.tflite_check import TfliteFormatError, check_tflite, map_tflite
 
         self._path = None
         if isinstance(tflite_model, (str, os.PathLike)):
@@ -85,7 +85,7 @@ class Model:
 
     def export(self, path) -> None:
         """Write the .tflite atomically (a temp file in the same folder, then a rename; mode from the umask)."""
-        from converter.atomic import write_file
+        from tpu_export.converter.atomic import write_file
 
         path = os.fspath(path)
         try:
@@ -129,7 +129,7 @@ class Model:
         if self._interpreter is None:
             from ai_edge_litert.interpreter import Interpreter
 
-            from edge.tflite_check import TfliteFormatError
+            from tpu_export.edge.tflite_check import TfliteFormatError
 
             try:
                 # from a path the interpreter maps the file itself (large-model form included)
@@ -162,7 +162,7 @@ def load(path) -> Model:
     A file of 64 MiB or more (the large-model form past 2 GiB included) is memory-mapped, its
     weights paged in by the interpreter as it runs. A truncated or corrupt file raises
     TfliteFormatError (a ValueError) naming it."""
-    from edge.tflite_check import read_tflite
+    from tpu_export.edge.tflite_check import read_tflite
 
     path = os.fspath(path)
     try:

@@ -15,7 +15,7 @@ import json
 import numpy as np
 import torch.utils._pytree as pytree
 
-from converter.input_check import bind_inputs, to_numpy
+from tpu_export.converter.input_check import bind_inputs, to_numpy
 
 __all__ = ["read_signatures", "bind", "quantize_floats"]
 
@@ -25,7 +25,7 @@ _STRUCTURE = "tpu_export.structure"  # written by edge.convert (JSON, never code
 @functools.lru_cache(maxsize=None)
 def _numpy_type_name(code: int) -> str | None:
     """The numpy dtype name of a LiteRT TensorType; None for types numpy lacks (left unchecked)."""
-    from edge.builder import type_names
+    from tpu_export.edge.builder import type_names
 
     name = type_names().get(code)
     return name if name in np.sctypeDict else None
@@ -70,7 +70,7 @@ def read_signatures(data: bytes) -> dict:
 def _buffer_bytes(data, buf) -> bytes:
     """A buffer's bytes, inline or in the large-model form (Buffer.offset / size, after the flatbuffer): where
     ai-edge-quantizer moves every buffer of 1 KiB or more, our structure metadata of a many-layer LLM included."""
-    from edge.quantize_prep import buffer_span
+    from tpu_export.edge.quantize_prep import buffer_span
 
     start, size = buffer_span(buf)
     if start + size > len(data):

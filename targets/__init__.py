@@ -5,7 +5,7 @@ Heavy modules (edge, ai_edge_litert, ai_edge_quantizer, tflite_micro, tpu_backen
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 from .options import EdgeOptions, IotOptions, OptionsError, TpuOptions, XlaOptions, options_for
 from .registry import TARGETS, Target, UnknownTargetError, get_target

@@ -17,7 +17,7 @@ class EdgeBackend:
 
     @staticmethod
     def is_supported(node) -> bool:
-        from edge import is_supported
+        from tpu_export.edge import is_supported
 
         return is_supported(node)
 
@@ -33,7 +33,7 @@ class EdgeBackend:
             opts = dataclasses.replace(opts, name=target.name)
         written = package_edge(target, prog, os.path.join(out_dir, target.name), opts, say)
         main = next(p for f, p in written.items() if f.endswith(".tflite"))
-        from edge.tflite_check import map_tflite
+        from tpu_export.edge.tflite_check import map_tflite
 
         tflite = map_tflite(main)  # the figures read the tables, never the weights: a map, not a copy of the file
         try:
@@ -52,7 +52,7 @@ class TpuBackend:
 
     @staticmethod
     def is_supported(node) -> bool:
-        from tpu_backend.lowering import is_supported
+        from tpu_export.tpu_backend.lowering import is_supported
 
         return is_supported(node)
 

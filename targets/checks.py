@@ -176,7 +176,7 @@ def _program_feeds(prog_or_bytes, calibration, channel_last) -> dict | None:
         raise QuantizationError("calibration_data is empty; static int8 needs representative samples")
     if _is_tflite(prog_or_bytes) or isinstance(samples, dict) or any(isinstance(x, dict) for x in samples):
         return None
-    from edge.quantize import calibration_feeds
+    from tpu_export.edge.quantize import calibration_feeds
 
     return calibration_feeds(prog_or_bytes, samples, channel_last_inputs=nhwc_inputs(prog_or_bytes, channel_last))
 

@@ -7,7 +7,7 @@ import os
 import re
 from collections import Counter
 
-from converter.errors import one_line
+from tpu_export.converter.errors import one_line
 
 __all__ = ["describe", "describe_tflite", "describe_artifact"]
 
@@ -26,7 +26,7 @@ def _fmt_hist(hist: dict, indent="    ") -> list[str]:
 def describe_tflite(path: str) -> str:
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from edge.tflite_check import TfliteFormatError, map_tflite
+    from tpu_export.edge.tflite_check import TfliteFormatError, map_tflite
 
     # Mapped, not read: a multi-GB model costs no memory to describe (only its tables are touched).
     # A regular file, checked first: the interpreter trusts the flatbuffer (a bad one crashes it).
@@ -47,7 +47,7 @@ def describe_tflite(path: str) -> str:
 
 
 def _describe_mapped(path, data, it) -> str:
-    from edge import op_histogram
+    from tpu_export.edge import op_histogram
 
     from .compat import compatibility
     from .registry import TARGETS
@@ -74,7 +74,7 @@ def _describe_mapped(path, data, it) -> str:
 
 
 def describe_artifact(path: str, *, isolate: bool = False) -> str:
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     from .files import artifact_size
 

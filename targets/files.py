@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from converter.atomic import write_file
+from tpu_export.converter.atomic import write_file
 
 __all__ = ["write_files", "artifact_size"]
 

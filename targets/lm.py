@@ -22,7 +22,7 @@ import os
 import time
 from typing import Callable
 
-from converter.atomic import discard, publish_dir, staging_dir, write_file
+from tpu_export.converter.atomic import discard, publish_dir, staging_dir, write_file
 
 from .files import artifact_size
 from .lm_source import LmSource, LmSourceError, load_lm_source
@@ -111,8 +111,8 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
     """One Program with ``prefill_<L>`` and ``decode`` sharing the weights; (program, CacheSpec)."""
     import torch
 
-    from converter.llm import lm_requests, prepare_lm
-    from converter.pipeline import prepare_many
+    from tpu_export.converter.llm import lm_requests, prepare_lm
+    from tpu_export.converter.pipeline import prepare_many
 
     if src.protocol:
         own = src.model.spec.cache_len
@@ -149,7 +149,7 @@ def _edge_lm_bytes(held: dict, target, opts, stages, release=None) -> bytes:
     go as soon as the quantizer's input exists (edge.quantize.prepare_tflite). Gemma-3-100M int8 through convert-lm
     (bench/llm.py): peak RSS 2.22 GB with the model, the float and the rewritten .tflite all held, 1.34 GB now (the
     peak is now the lowering's: the weights and the float .tflite)."""
-    from edge.quantize import prepare_tflite, quantize_tflite
+    from tpu_export.edge.quantize import prepare_tflite, quantize_tflite
 
     from .checks import check_for_target, lower_for_target
     from .quantize import resolve_quant
@@ -172,7 +172,7 @@ def write_litertlm_bundle(path: str, tflite: bytes, src: LmSource, spec) -> str:
     """The .litertlm (edge/litertlm.py: litert-lm-builder's sections) the LiteRT-LM engine runs. No start token:
     the engine then tokenizes a prompt as tokenizer.json does (with its own BOS, if it adds one), as our loop
     and transformers do."""
-    from edge.litertlm import write_litertlm
+    from tpu_export.edge.litertlm import write_litertlm
 
     return write_litertlm(path, tflite, tokenizer_json=src.require_tokenizer("the .litertlm bundle").encode(),
                           stop_token_ids=list(src.stop_token_ids), max_num_tokens=spec.cache_len, cache_spec=spec,
@@ -204,7 +204,7 @@ def _write_tpu(prog, spec, t, opts, d, stages) -> tuple[dict, object]:
     """targets.tpu.write_tpu_artifact through tpu_backend.llm.export_lm (caches donated, stored bf16 under
     dtype=bfloat16; the compiled report gets its ``llm`` section), its progress messages mapped onto the lower /
     compile / write stages. Returns ({file: path}, the artifact's CacheSpec)."""
-    from tpu_backend.llm import export_lm
+    from tpu_export.tpu_backend.llm import export_lm
 
     from .tpu import write_tpu_artifact
 
@@ -260,7 +260,7 @@ def _resolve(targets, quantize) -> tuple[list, list]:
                              "android, ios, web, cpu and the TPU/XLA targets")
         mine = {**common, **(own.get(name) or {})}
         if t.backend == "edge" and mine.get("quant_config") is not None:
-            from edge.quantize import as_quant_config
+            from tpu_export.edge.quantize import as_quant_config
 
             q = as_quant_config(mine["quant_config"])
             if q is not None and q.needs_calibration:

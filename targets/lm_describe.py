@@ -10,7 +10,7 @@ __all__ = ["describe_litertlm"]
 
 
 def describe_litertlm(path) -> str:
-    from edge.litertlm import read_litertlm
+    from tpu_export.edge.litertlm import read_litertlm
 
     path = os.fspath(path)
     info = read_litertlm(path)

@@ -56,7 +56,7 @@ def load_lm_source(source, tokenizer=None) -> LmSource:
         return _from_dir(os.fspath(source))
     import torch
 
-    from converter.llm import CacheSpec
+    from tpu_export.converter.llm import CacheSpec
 
     if not isinstance(source, torch.nn.Module):
         raise LmSourceError(f"cannot convert a {type(source).__name__} as an LLM: give a Hugging Face model "
@@ -113,7 +113,7 @@ def _from_dir(path: str) -> LmSource:
 
 
 def _load_model(path: str):
-    from converter.gc_pause import gc_paused
+    from tpu_export.converter.gc_pause import gc_paused
 
     try:
         # the collector paused as for the capture: importing transformers and building the model made ~1 s of
@@ -130,7 +130,7 @@ def _load_model(path: str):
             return transformers.AutoModelForCausalLM.from_pretrained(
                 path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user gets one line naming the dir
-        from converter.errors import one_line
+        from tpu_export.converter.errors import one_line
 
         raise LmSourceError(f"{path}: transformers cannot load it as a causal LM from local safetensors: "
                             f"{one_line(e)}") from None

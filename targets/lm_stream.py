@@ -47,8 +47,8 @@ def load_lazily(path: str, dtype=None):
     import torch
     import transformers
 
-    from converter.lazy_weights import materialize, params_on_meta
-    from converter.safetensors_weights import map_safetensors, safetensors_loader
+    from tpu_export.converter.lazy_weights import materialize, params_on_meta
+    from tpu_export.converter.safetensors_weights import map_safetensors, safetensors_loader
 
     dtype = torch.float32 if dtype is None else dtype
     shapes = _checkpoint_shapes(path)
@@ -71,7 +71,7 @@ def load_lazily(path: str, dtype=None):
 
 def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:
     """(whether this target's .tflite is streamed, the scheme quantized while streaming or None for float)."""
-    from edge.quantize_stream import STREAM_SCHEMES
+    from tpu_export.edge.quantize_stream import STREAM_SCHEMES
 
     from .quantize import resolve_quant
     from .registry import EdgeTarget
@@ -90,7 +90,7 @@ def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:
 def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dict | None:
     """{file: path} of ``model.tflite`` and ``model.litertlm`` written into ``d``, or None when this target keeps
     the in-memory path (see the module docstring)."""
-    from converter.gc_pause import gc_paused
+    from tpu_export.converter.gc_pause import gc_paused
 
     streams, scheme = streamed_scheme(prog, target, opts)
     if not streams:
@@ -102,8 +102,8 @@ def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dic
 
 
 def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme) -> dict:
-    from edge.convert import lower_program, write_model
-    from edge.tflite_check import map_tflite
+    from tpu_export.edge.convert import lower_program, write_model
+    from tpu_export.edge.tflite_check import map_tflite
 
     from .checks import check_for_target
     from .lm import write_litertlm_bundle
@@ -111,7 +111,7 @@ def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme) -> di
     with stages("lower", "LiteRT flatbuffer (prefill and decode subgraphs, one copy of the weights; streamed)"):
         model = lower_program(prog, spill=True, spill_folder=d)
     if scheme is not None:
-        from edge.quantize_stream import quantize_weights
+        from tpu_export.edge.quantize_stream import quantize_weights
 
         with stages("quantize", f"{scheme} tensor by tensor (ai-edge-quantizer's bytes and scales)"):
             quantize_weights(model, scheme)

@@ -32,7 +32,7 @@ def _io(prog, channel_last):
 def lower_edge(prog, *, channel_last: bool | dict | tuple = False) -> bytes:
     """Program -> float .tflite via the edge backend; ``channel_last``: True = every image I/O (above),
     False = torch's layout, or an explicit to_channel_last_io spec passed through."""
-    import edge
+    from tpu_export import edge
 
     return edge.convert_program(prog, to_channel_last_io=_io(prog, channel_last))
 
@@ -41,6 +41,6 @@ def write_edge(prog, path, *, channel_last: bool | dict | tuple = False, progres
     """``lower_edge`` written straight into ``path`` (atomically), the weights streamed from where they
     live: no whole-model bytes object, and past 2 GiB the schema's large-model form. A model under 2 GiB
     gets the same bytes as ``lower_edge``. Returns the absolute path."""
-    from edge.convert import write_program
+    from tpu_export.edge.convert import write_program
 
     return write_program(prog, path, to_channel_last_io=_io(prog, channel_last), progress=progress)

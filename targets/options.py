@@ -143,7 +143,7 @@ class XlaOptions(_Options):
         if self.dtype in ("bfloat16", "bf16"):
             kw["dtype"] = "bfloat16"
         if self.quant_config is not None:
-            from tpu_backend.quant import parse_quant
+            from tpu_export.tpu_backend.quant import parse_quant
 
             try:
                 kw["quant"] = parse_quant(self.quant_config)
@@ -151,12 +151,12 @@ class XlaOptions(_Options):
                 raise ValueError(f"target {target.name!r}: {e}") from None
         default = "auto" if target.chip is not None else False
         kw["use_pallas"] = self.use_pallas if self.use_pallas is not None else default
-        from tpu_backend.pallas.config import GENERATIONS  # pure Python: no jax import
+        from tpu_export.tpu_backend.pallas.config import GENERATIONS  # pure Python: no jax import
 
         if target.chip in GENERATIONS:
             kw["generation"] = target.chip
         if self.mesh is not None or self.partition_rules is not None:
-            from tpu_backend.sharding import MeshSpec, PartitionRules
+            from tpu_export.tpu_backend.sharding import MeshSpec, PartitionRules
 
             if self.mesh is None:
                 raise OptionsError(f"target {target.name!r}: partition_rules need a mesh; pass mesh={{'data': 2}} "

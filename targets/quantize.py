@@ -4,7 +4,13 @@ packaging uses. The quantization itself (recipes, calibration, ai-edge-quantizer
 
 from __future__ import annotations
 
-from edge.quantize import QuantConfig, QuantizationError, as_quant_config, quantize_tflite, unique_tensor_names
+from tpu_export.edge.quantize import (
+    QuantConfig,
+    QuantizationError,
+    as_quant_config,
+    quantize_tflite,
+    unique_tensor_names,
+)
 
 from .registry import get_target
 

@@ -65,7 +65,7 @@ class EdgeTarget(Target):
     def quant_scheme(self, quant_config):
         """The QuantConfig this target's runtime runs for ``quant_config`` (None: a float model); a scheme it
         cannot run raises QuantizationError."""
-        from edge.quantize import as_quant_config
+        from tpu_export.edge.quantize import as_quant_config
 
         return as_quant_config(quant_config)
 
@@ -78,7 +78,7 @@ class EdgeTarget(Target):
         from .files import write_files
 
         if job.quant is not None:
-            from edge.quantize import quantize_tflite
+            from tpu_export.edge.quantize import quantize_tflite
 
             tflite = quantize_tflite(tflite, job.quant, job.feeds)
         check_for_target(tflite, self, strict=job.options.strict_ops, say=job.say)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from edge.builder import type_names as tflite_type_names
+from tpu_export.edge.builder import type_names as tflite_type_names
 
 __all__ = ["IoSpec", "signatures"]
 

@@ -10,7 +10,7 @@ __all__ = ["chip_facts", "check_topology", "write_tpu_artifact"]
 
 def chip_facts(target):
     """tpu_backend.chips.ChipSpec for a TPU target (HBM, peak bf16 FLOP/s, libtpu name, topologies, source)."""
-    from tpu_backend.chips import chip_for_target
+    from tpu_export.tpu_backend.chips import chip_for_target
 
     t = get_target(target)
     if t.chip is None:
@@ -24,7 +24,7 @@ def check_topology(target, topology: str | None = None):
 
     An invalid one raises tpu_backend.chips.InvalidTopologyError listing the valid topologies.
     """
-    from tpu_backend.chips import parse_topology
+    from tpu_export.tpu_backend.chips import parse_topology
 
     t = get_target(target)
     chip_facts(t)
@@ -43,7 +43,7 @@ def write_tpu_artifact(prog, target, opts, path: str, say, *, export=None) -> di
     ``export``: what exports (``tpu_backend.export_program``'s call form; an LLM passes tpu_backend.llm's)."""
     import importlib.util
 
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     t = get_target(target)
     say(f"{t.name}: lowering to JAX and exporting StableHLO for {', '.join(t.platforms)}")

@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-import litert_torch
 import tpu_export
-from converter import atomic
-from converter.errors import ConversionError
-from targets import CompatibilityError, QuantizationError
+from tpu_export import litert_torch
+from tpu_export.converter import atomic
+from tpu_export.converter.errors import ConversionError
+from tpu_export.targets import CompatibilityError, QuantizationError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -109,7 +109,7 @@ def test_a_second_convert_replaces_each_target_whole(tmp_path):
 _KILL_CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {root!r})
-    from converter import atomic
+    from tpu_export.converter import atomic
     target, version, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     if mode == "between-renames":
         atomic._exchange = lambda a, b: False          # the two-rename fallback of filesystems without exchange
@@ -176,7 +176,7 @@ def test_concurrent_writers_of_one_file_never_collide(tmp_path):
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {ROOT!r})
-        from converter.atomic import write_file
+        from tpu_export.converter.atomic import write_file
         for i in range(200):
             write_file(sys.argv[1], sys.argv[2].encode() * 1000)
     """)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import converter
 import tpu_export
+from tpu_export import converter
 from tpu_export.cli import main
 from tpu_export.demo import max_rel_err
 from tpu_export.demo_models import small_transformer
@@ -32,8 +32,7 @@ def _args():
 
 
 def test_convert_writes_both_outputs_and_each_matches_torch(tmp_path):
-    import litert_torch
-    import tpu_backend
+    from tpu_export import litert_torch, tpu_backend
 
     m, args = Net().eval(), _args()
     written = tpu_export.convert(m, args, targets=["tpu-v6e", "android"], out_dir=tmp_path, topology="2x2")
@@ -86,8 +85,8 @@ def _image_model():
 
 def test_per_target_options_one_capture(tmp_path):
     """web (float), iot (needs calibration data, which web refuses) and tpu-v6e (a topology) from one call."""
-    import tpu_backend
-    from targets import TpuOptions
+    from tpu_export import tpu_backend
+    from tpu_export.targets import TpuOptions
 
     m, args, cal = _image_model()
     lines = []
@@ -118,7 +117,7 @@ def test_cli_per_target_options(tmp_path, capsys):
     assert main(["convert", str(pt2), "--target", "web", "--target", f"iot:calibration={npz},ram-kib=512",
                  "--target", "android:channel-last=off", "-o", str(out), "--quiet"]) == 0
     assert sorted(os.listdir(out)) == ["android", "iot", "summary.json", "web"]
-    from targets.tflite_io import signatures
+    from tpu_export.targets.tflite_io import signatures
 
     (ins, _), = signatures((out / "android" / "android.tflite").read_bytes()).values()
     assert ins[0].shape == (1, 3, 8, 8)  # channel-last=off for android only

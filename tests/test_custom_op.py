@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-import converter
-import edge
-import tpu_backend
-from converter.decompositions import decompose
-from converter.registry import DuplicateLoweringError
 from tests.numerics import rel_err
-from tpu_backend.lowering import lowering as tpu_lowering
+from tpu_export import converter, edge, tpu_backend
+from tpu_export.converter.decompositions import decompose
+from tpu_export.converter.registry import DuplicateLoweringError
+from tpu_export.tpu_backend.lowering import lowering as tpu_lowering
 
 aten = torch.ops.aten
 
@@ -91,16 +89,16 @@ def _net():
 
 
 def _run_edge(prog, x):
-    from edge.convert import convert_program
-    from edge.inspect import run_tflite
+    from tpu_export.edge.convert import convert_program
+    from tpu_export.edge.inspect import run_tflite
 
     (out,) = run_tflite(convert_program(prog), {prog.signature().inputs[0].name: x.numpy()}).values()
     return out
 
 
 def test_custom_op_converts_to_a_tflite_and_a_tpu_bundle_matching_torch(tmp_path):
-    import litert_torch
-    from edge import op_histogram
+    from tpu_export import litert_torch
+    from tpu_export.edge import op_histogram
 
     m, x = _net(), _x()
     with torch.no_grad():
@@ -165,7 +163,7 @@ class Neg(torch.nn.Module):
 def test_override_replaces_an_aten_lowering(backend):
     import jax.numpy as jnp
 
-    from tpu_backend.lowering import JAX_LOWERINGS, lower_signature
+    from tpu_export.tpu_backend.lowering import JAX_LOWERINGS, lower_signature
 
     table = edge.EDGE if backend == "edge" else JAX_LOWERINGS
     x = _x()

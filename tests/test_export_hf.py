@@ -11,9 +11,9 @@ import pytest
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("litert_lm")
 
-from litert_torch.generative import export_hf  # noqa: E402
 from tests.llm_models import greedy_reference, save_model_dir  # noqa: E402
 from tpu_export.generators import EngineGenerator  # noqa: E402
+from tpu_export.litert_torch.generative import export_hf  # noqa: E402
 
 PROMPT = "hello world, hello"
 NEW = 32
@@ -81,7 +81,7 @@ def test_both_import_spellings_reach_the_same_export():
     (a submodule there); the issue's ``export_hf.export(...)`` works too."""
     import importlib
 
-    from litert_torch.generative.export_hf import export as peer_style
+    from tpu_export.litert_torch.generative.export_hf import export as peer_style
 
     assert peer_style.export is export_hf.export is peer_style
-    assert callable(importlib.import_module("litert_torch.generative.export_hf.export").export)
+    assert callable(importlib.import_module("tpu_export.litert_torch.generative.export_hf.export").export)

@@ -13,11 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-import converter
-import litert_torch
-import tpu_backend
-from converter.index_bounds import index_bounds
-from converter.input_check import InputIndexError, InputTypeError, InputValueError, check_inputs
+from tpu_export import converter, litert_torch, tpu_backend
+from tpu_export.converter.index_bounds import index_bounds
+from tpu_export.converter.input_check import InputIndexError, InputTypeError, InputValueError, check_inputs
 
 VOCAB = 50
 
@@ -166,7 +164,7 @@ def test_static_batch_and_channel_last_layout_on_edge():
     with pytest.raises(InputValueError, match=fix):
         nhwc(x)
     # the edge backend's own channel-last boundary (the graph stays NCHW) says the same
-    from edge import convert_program
+    from tpu_export.edge import convert_program
 
     prog = _quiet(converter.prepare, m, (x,))
     boundary = litert_torch.Model(convert_program(prog, to_channel_last_io=((0,), ())))

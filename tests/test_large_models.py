@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import litert_torch
 from tests.numerics import rel_err
+from tpu_export import litert_torch
 
 
 class Tied(torch.nn.Module):
@@ -73,9 +73,9 @@ def test_every_large_model_path_writes_the_in_memory_bytes(tmp_path):
 def test_folded_weights_spilled_to_disk_write_the_same_bytes(tmp_path):
     """A norm's scale folded into the next linear's 1.5 MB weight: the copy waits in the builder's
     spill file (not memory) until it is written; the file has the in-memory conversion's bytes."""
-    from converter import prepare
-    from edge.builder import _Spilled
-    from edge.convert import lower_program, write_model
+    from tpu_export.converter import prepare
+    from tpu_export.edge.builder import _Spilled
+    from tpu_export.edge.convert import lower_program, write_model
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.RMSNorm(512), torch.nn.Linear(512, 768)).eval()
@@ -124,11 +124,11 @@ def test_weights_loader_errors_name_the_parameter():
 def test_large_model_form_reads_everywhere(tmp_path):
     """The large-model form (forced on a small model): the checker, the interpreter from a path,
     litert_torch.load, `tpu-export inspect` and ai-edge-quantizer all read it."""
-    from converter import prepare
-    from edge.convert import write_program
-    from edge.quantize import quantize_tflite
-    from edge.tflite_check import TfliteFormatError, check_tflite
-    from targets.describe import describe_tflite
+    from tpu_export.converter import prepare
+    from tpu_export.edge.convert import write_program
+    from tpu_export.edge.quantize import quantize_tflite
+    from tpu_export.edge.tflite_check import TfliteFormatError, check_tflite
+    from tpu_export.targets.describe import describe_tflite
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 64)).eval()
@@ -149,7 +149,7 @@ def test_large_model_form_reads_everywhere(tmp_path):
 
 
 def test_memory_check_refuses_before_any_work(monkeypatch):
-    from litert_torch import _large
+    from tpu_export.litert_torch import _large
 
     m, ids = _tied()
     monkeypatch.setattr(_large, "mem_available", lambda: 1 << 20)
@@ -163,7 +163,7 @@ _NEEDS = 9 << 30  # the module, the page cache of the file the interpreter maps,
 
 
 def _mem_available() -> int:
-    from litert_torch._large import mem_available
+    from tpu_export.litert_torch._large import mem_available
 
     return mem_available() or 0
 
@@ -207,9 +207,9 @@ def test_dynamic_int8_while_streaming_gives_ai_edge_quantizers_weights(tmp_path,
     """Quantized tensor by tensor as the file is written: each FULLY_CONNECTED weight gets the int8
     bytes and per-channel scales ai-edge-quantizer's dynamic_int8 gives it, and the model computes
     what the quantizer's model computes."""
-    from edge.inspect import read_model
-    from edge.quantize import quantize_tflite
-    from litert_torch import _large
+    from tpu_export.edge.inspect import read_model
+    from tpu_export.edge.quantize import quantize_tflite
+    from tpu_export.litert_torch import _large
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).eval()
@@ -252,11 +252,11 @@ def test_multi_target_convert_streams_the_same_files(tmp_path, monkeypatch):
     """tpu_export.convert (the CLI's convert) writes android / cpu .tflite files straight to disk: no
     bytes of the whole model (convert_program is never called), the same file and compatibility figures
     as the bytes path, and the same numbers as torch."""
-    import edge.convert
     import tpu_export
-    from converter.pipeline import SignatureRequest, prepare_many
-    from targets.compat import compatibility
-    from targets.mobile import lower_edge
+    from tpu_export import edge
+    from tpu_export.converter.pipeline import SignatureRequest, prepare_many
+    from tpu_export.targets.compat import compatibility
+    from tpu_export.targets.mobile import lower_edge
 
     torch.manual_seed(0)
     m, x = _Cnn().eval(), torch.randn(1, 3, 12, 12)
@@ -285,7 +285,7 @@ def test_inspect_maps_the_file_instead_of_reading_it(tmp_path):
     interpreter maps it too), and still lists the signature and the ops."""
     import tracemalloc
 
-    from targets.describe import describe_tflite
+    from tpu_export.targets.describe import describe_tflite
 
     torch.manual_seed(0)
     m, x = torch.nn.Linear(4096, 4096).eval(), torch.randn(1, 4096)
@@ -308,7 +308,7 @@ def test_a_computed_weight_is_compared_with_the_spilled_one_and_a_view_is_matche
     """Deciding two large buffers equal (#15): a computed array (a fold, as the decode signature recomputes it) is
     compared byte for byte with the spilled earlier copy, so equal bytes share a buffer and a one-value difference
     off the sampled pages does not; a parameter's view read again is its buffer at once, by address."""
-    from edge.builder import ModelBuilder, _Spilled
+    from tpu_export.edge.builder import ModelBuilder, _Spilled
 
     rng = np.random.default_rng(0)
     b = ModelBuilder()

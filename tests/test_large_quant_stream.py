@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import litert_torch
 from tests.numerics import rel_err
+from tpu_export import litert_torch
 
 
 class TinyLm(torch.nn.Module):
@@ -29,7 +29,7 @@ class TinyLm(torch.nn.Module):
 
 def _quantized(data, subgraph: int = 0) -> dict:
     """{tensor name: (type, raw bytes, scales, quantized dim, block size, blockwise scales)}: the quantized ones."""
-    from edge.inspect import read_model
+    from tpu_export.edge.inspect import read_model
 
     mt = read_model(data)
     sg = mt.subgraphs[subgraph]
@@ -53,8 +53,8 @@ def _quantized(data, subgraph: int = 0) -> dict:
 def _op_counts(data) -> dict:
     import collections
 
-    from edge.builder import builtin_names
-    from edge.inspect import read_model
+    from tpu_export.edge.builder import builtin_names
+    from tpu_export.edge.inspect import read_model
 
     mt, names = read_model(data), builtin_names()
     return collections.Counter(names[mt.operatorCodes[op.opcodeIndex].builtinCode] for op in mt.subgraphs[0].operators)
@@ -62,9 +62,9 @@ def _op_counts(data) -> dict:
 
 @pytest.mark.parametrize("scheme,kind", [("dynamic_int8", 9), ("weight_only_int8", 9), ("dynamic_int4_block32", 17)])
 def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatch, scheme, kind):
-    from edge.quantize import quantize_tflite
-    from edge.quantize_post import ZERO_BLOCK_SCALE
-    from litert_torch import _large
+    from tpu_export.edge.quantize import quantize_tflite
+    from tpu_export.edge.quantize_post import ZERO_BLOCK_SCALE
+    from tpu_export.litert_torch import _large
 
     torch.manual_seed(0)
     m, ids = TinyLm().eval(), torch.randint(0, 320, (1, 8))
@@ -101,9 +101,9 @@ def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatc
     scaled embedding table read by the lookup and the logits projection, whose padding row is all zeros (under
     int4 its float16 scale was 0 in either path, and XNNPACK refused the decode's logits projection)."""
     litert_lm = pytest.importorskip("litert_lm")
-    from targets import lm_stream
-    from targets.lm import convert_lm
     from tests.llm_models import save_model_dir
+    from tpu_export.targets import lm_stream
+    from tpu_export.targets.lm import convert_lm
 
     d = save_model_dir("gemma3", tmp_path / "gemma3")
     kw = dict(prefill_lengths=(8,), cache_len=64, quantize=scheme)
@@ -144,8 +144,8 @@ def test_a_lazily_loaded_directory_computes_what_the_whole_load_does(tmp_path, m
     per-expert tensors, fused in transformers 5) is left to transformers (None)."""
     import transformers
 
-    from targets import lm_stream
     from tests.llm_models import save_model_dir
+    from tpu_export.targets import lm_stream
 
     d = save_model_dir(arch, tmp_path / arch)
     monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
@@ -167,9 +167,9 @@ def test_a_float32_directory_is_mapped_where_it_lies_and_a_bf16_one_cast_into_a_
 
     import transformers
 
-    from converter.lazy_weights import _FileMap
-    from targets import lm_stream
     from tests.llm_models import tiny_model
+    from tpu_export.converter.lazy_weights import _FileMap
+    from tpu_export.targets import lm_stream
 
     monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
     ids = torch.tensor([[1, 5, 9, 30, 100, 7]])

@@ -116,7 +116,7 @@ def test_inspect_a_litertlm(out, capsys):
 def test_inspect_reads_the_model_section_through_a_view(out, monkeypatch):
     """The .tflite section's signatures are read from a view of the file's map, never a bytes copy of the section (a
     2.28 GB bundle peaked at 4.7 GB RSS), released before the map closes; the description is the one a copy gives."""
-    from targets import lm_describe, tflite_io
+    from tpu_export.targets import lm_describe, tflite_io
 
     path, read, seen = str(out / "android/model.litertlm"), tflite_io.signatures, []
     monkeypatch.setattr(tflite_io, "signatures", lambda data: seen.append(data) or read(data))
@@ -170,9 +170,9 @@ def test_a_foreign_out_dir_is_not_replaced(model_dir, tmp_path, capsys):
 
 def test_a_cache_protocol_module_converts_from_python(model_dir, reference, tmp_path):
     """A user module that follows converter.llm's cache protocol (here KVCacheLM itself), with its tokenizer."""
-    from converter.llm import KVCacheLM
-    from targets.lm import convert_lm
-    from targets.lm_source import LmSourceError
+    from tpu_export.converter.llm import KVCacheLM
+    from tpu_export.targets.lm import convert_lm
+    from tpu_export.targets.lm_source import LmSourceError
 
     lm = KVCacheLM(transformers.AutoModelForCausalLM.from_pretrained(model_dir), cache_len=48).eval()
     with pytest.raises(LmSourceError, match="its cache protocol spec holds 48 slots; cache_len=64 cannot change it"):
@@ -221,7 +221,7 @@ def test_the_torch_model_is_freed_before_the_last_edge_target_quantizes(model_di
     import gc
     import weakref
 
-    from targets.lm import convert_lm
+    from tpu_export.targets.lm import convert_lm
 
     def models():
         return [o for o in gc.get_objects() if isinstance(o, transformers.PreTrainedModel)]

@@ -11,10 +11,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import litert_torch  # noqa: E402
-import tpu_backend  # noqa: E402
-from converter.llm import KVCacheLM, lm_requests, prepare_lm  # noqa: E402
 from tests.numerics import rel_err  # noqa: E402
+from tpu_export import litert_torch, tpu_backend  # noqa: E402
+from tpu_export.converter.llm import KVCacheLM, lm_requests, prepare_lm  # noqa: E402
 from tpu_export.generate import CacheFullError, PromptTooLongError, greedy_generate  # noqa: E402
 
 PREFILL = (8, 16)
@@ -132,7 +131,7 @@ def test_other_architectures_generate_like_transformers(arch):
         want = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, 11:].tolist()
     assert len(want) == NEW
     prog, spec = prepare_lm(model, prefill_lengths=(16,), cache_len=CACHE)
-    from edge import convert_program
+    from tpu_export.edge import convert_program
 
     for rt in (litert_torch.Model(convert_program(prog)), tpu_backend.export_program(prog, platforms=("cpu",))):
         assert greedy_generate(rt, spec, ids, NEW, eos_token_id=2) == want
@@ -178,7 +177,7 @@ def test_sliding_window_read_on_both_backends(gemma3_window):
     """The decode signature gathers the 8-slot window of the sliding layer (K and V), not of the global one, and
     the .tflite and the TPU artifact give the whole-cache decode's logits at a start clamped low, moving and
     clamped high."""
-    from edge import convert_program
+    from tpu_export.edge import convert_program
 
     model, lm, caches = gemma3_window
     prog, spec = prepare_lm(model, prefill_lengths=(8,), cache_len=CACHE)
@@ -196,7 +195,7 @@ def test_sliding_window_read_on_both_backends(gemma3_window):
 
 
 def test_prefix_lengths_of_a_cache():
-    from edge.attention_prefix import prefix_lengths
+    from tpu_export.edge.attention_prefix import prefix_lengths
 
     assert prefix_lengths(64) == prefix_lengths(511) == []  # one attention over every slot
     assert prefix_lengths(512) == [256, 512]
@@ -210,8 +209,8 @@ def test_edge_decode_reads_only_the_filled_prefix_of_a_long_cache(hf):
     slots) that holds the position (edge.attention_prefix: an IF chain over subgraphs shared by the layers), and gives
     the whole-cache decode's logits at each prefix's edges, with random values in every slot (a slot the prefix left
     out while the mask showed it would change them)."""
-    from edge import convert_program
-    from edge.inspect import op_histogram
+    from tpu_export.edge import convert_program
+    from tpu_export.edge.inspect import op_histogram
 
     cache = 1024
     lm = KVCacheLM(hf, cache).eval()
@@ -246,7 +245,7 @@ def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
 
 def test_batch_of_two_prefills_and_decodes_like_transformers(hf):
     """batch=2 (for TPU serving): two prompts at the same positions, each row's logits as transformers' own."""
-    from edge import convert_program
+    from tpu_export.edge import convert_program
 
     prog, spec = prepare_lm(hf, prefill_lengths=(8,), cache_len=16, batch=2)
     assert spec.shape == (2, 2, 16, 16)
@@ -285,10 +284,10 @@ def test_each_signature_writes_its_cache_start_index_once(runtimes):
 def test_cache_write_is_a_clamped_dynamic_update_slice_on_both_backends(start):
     """converter.llm_ops.cache_write: the block lands at pos[0] (the other positions are ignored: LiteRT-LM pads
     with 0), clamped like DYNAMIC_UPDATE_SLICE / lax.dynamic_update_slice, the same numbers as eager torch."""
-    import converter
-    from converter.llm_ops import cache_write
-    from edge import convert_program
-    from edge.inspect import op_histogram
+    from tpu_export import converter
+    from tpu_export.converter.llm_ops import cache_write
+    from tpu_export.edge import convert_program
+    from tpu_export.edge.inspect import op_histogram
 
     class W(torch.nn.Module):
         def forward(self, cache, update, pos):
@@ -313,7 +312,7 @@ def test_prefill_without_logits_generates_the_same_tokens(hf):
     """prefill_logits=False (what convert-lm exports): the prefill signatures return only the caches, the capture
     drops the vocabulary projection of every prefill row, and generation (prefill all prompt tokens but the last,
     decode the last) still equals transformers, a 1-token prompt (no prefill at all) included."""
-    from edge import convert_program
+    from tpu_export.edge import convert_program
 
     prog, spec = prepare_lm(hf, prefill_lengths=(8,), cache_len=CACHE, prefill_logits=False)
     assert [o.name for o in prog.signatures["prefill_8"].outputs] == spec.names()

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-import converter
-import edge
-from converter.errors import ConversionError
-from converter.registry import (
+from tpu_export import converter, edge
+from tpu_export.converter.errors import ConversionError
+from tpu_export.converter.registry import (
     OP_FAMILIES,
     LoweringContextBase,
     LoweringError,
@@ -24,9 +23,9 @@ from converter.registry import (
     op_name,
     unbind_args,
 )
-from tpu_backend.lowering import JAX_LOWERINGS, KERNEL_HOOKS, LoweringContext, lower_signature
-from tpu_backend.lowering import lowering as tpu_lowering
-from tpu_backend.lowering import supported_if as tpu_supported_if
+from tpu_export.tpu_backend.lowering import JAX_LOWERINGS, KERNEL_HOOKS, LoweringContext, lower_signature
+from tpu_export.tpu_backend.lowering import lowering as tpu_lowering
+from tpu_export.tpu_backend.lowering import supported_if as tpu_supported_if
 
 aten = torch.ops.aten
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -64,7 +63,7 @@ def test_binder_names_the_op_and_argument_it_misses():
 
 @pytest.mark.parametrize("table", [edge.EDGE, JAX_LOWERINGS, KERNEL_HOOKS], ids=lambda t: t.backend)
 def test_every_lowering_takes_its_ops_schema_bound_arguments(table):
-    import tpu_backend.pallas.hooks  # noqa: F401 - registers the kernel hooks
+    import tpu_export.tpu_backend.pallas.hooks  # noqa: F401 - registers the kernel hooks
 
     bad = []
     for target, fn in table.items():
@@ -84,7 +83,7 @@ def test_both_backends_split_ops_by_the_same_families():
         return fn.__module__.rsplit(".", 1)[-1]
 
     tpu = {t: family(fn) for t, fn in JAX_LOWERINGS.items()}
-    both = [t for t in edge.EDGE.targets() if t in tpu and edge.EDGE.get(t).__module__.startswith("edge.")]
+    both = [t for t in edge.EDGE.targets() if t in tpu and edge.EDGE.get(t).__module__.startswith("tpu_export.edge.")]
     assert len(both) > 150
     mismatched = [f"{op_name(t)}: edge/{family(edge.EDGE.get(t))}.py vs tpu {tpu[t]}.py" for t in both
                   if family(edge.EDGE.get(t)) != tpu[t]]
@@ -183,7 +182,7 @@ class Picky(torch.nn.Module):
 
 def _lower(backend, prog):
     if backend == "edge":
-        from edge.convert import convert_program
+        from tpu_export.edge.convert import convert_program
 
         return convert_program(prog)
     lowered = lower_signature(prog, platforms=("cpu",))
@@ -192,7 +191,7 @@ def _lower(backend, prog):
 
 def test_both_contexts_have_one_shape():
     assert issubclass(LoweringContext, LoweringContextBase)
-    from edge.lower import Lowerer
+    from tpu_export.edge.lower import Lowerer
 
     assert issubclass(Lowerer, LoweringContextBase)
     x = torch.randn(2, 3)

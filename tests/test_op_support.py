@@ -96,10 +96,10 @@ def test_dynamic_only_ops(op):
     from ai_edge_litert.interpreter import Interpreter
     from jax import export as jax_export
 
-    import converter
-    from converter.registry import op_name
-    from edge.convert import convert_program
-    from tpu_backend.lowering import lower_signature
+    from tpu_export import converter
+    from tpu_export.converter.registry import op_name
+    from tpu_export.edge.convert import convert_program
+    from tpu_export.tpu_backend.lowering import lower_signature
 
     fn = _DYNAMIC_CASES[op]
     batch = torch.export.Dim("batch", min=2, max=64)

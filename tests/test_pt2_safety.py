@@ -17,10 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-import litert_torch
-from converter.errors import ExportFailedError
-from converter.pipeline import prepare, run_program
+from tpu_export import litert_torch
 from tpu_export.cli import main
+from tpu_export.converter.errors import ExportFailedError
+from tpu_export.converter.pipeline import prepare, run_program
 
 
 class _Net(nn.Module):
@@ -223,7 +223,7 @@ def test_corrupted_archives_never_escape_as_other_exceptions(tmp_path):
             assert "\n" not in str(e) and str(path) in str(e), str(e)
             outcomes["refused"] += 1
         except Exception as e:  # noqa: BLE001 - re-checked below: any error but a ConversionError fails, naming the file
-            from converter.errors import ConversionError
+            from tpu_export.converter.errors import ConversionError
 
             # a converter error on a graph the flip left valid is fine, any other is not
             assert isinstance(e, ConversionError), (path, type(e), e)

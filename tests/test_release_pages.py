@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from converter.lazy_weights import _FileMap
-from converter.page_release import release_pages
+from tpu_export.converter.lazy_weights import _FileMap
+from tpu_export.converter.page_release import release_pages
 
 pytestmark = pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="Linux /proc only")
 
@@ -77,7 +77,7 @@ def test_a_written_page_is_never_released_and_keeps_its_value(mapped):
 def test_the_writers_drop_of_every_spool_page_keeps_a_written_one(mapped):
     # edge.builder / quantize_stream give back whole maps (lazy_weights.drop_all_pages / drop_pages): through the
     # same check, so an in-place write to a parameter survives while the never-written pages go
-    from converter.lazy_weights import drop_all_pages, drop_pages
+    from tpu_export.converter.lazy_weights import drop_all_pages, drop_pages
 
     fm, t, want = mapped
     with torch.no_grad():
@@ -104,10 +104,10 @@ def test_a_lazily_mapped_directory_converts_to_a_tpu_artifact_with_transformers_
     (cpu-xla, run on PJRT CPU): transformers' logits, and the shard's pages given back by the last reads."""
     import transformers
 
-    import tpu_backend
     import tpu_export
-    from targets import lm_stream
     from tests.numerics import rel_err
+    from tpu_export import tpu_backend
+    from tpu_export.targets import lm_stream
 
     d = tmp_path / "llama"
     # 12.5 MB of float32 weights: several times what a read maps around it (fault-around, a huge page), so what

@@ -12,8 +12,7 @@ import sys
 import pytest
 import torch
 
-import converter
-import tpu_backend
+from tpu_export import converter, tpu_backend
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
@@ -109,7 +108,7 @@ def test_a_broken_module_is_one_error_line_naming_signature_target_and_child(mon
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("signature 'serving_default': the tpu-v6e (1x1) compile worker (python -m "
-                          "tpu_backend.compile_worker) failed with exit status 1; its last stderr line: ")
+                          "tpu_export.tpu_backend.compile_worker) failed with exit status 1; its last stderr line: ")
     assert len(msg) < 1000 and b.compiled == []
 
 
@@ -128,8 +127,8 @@ def test_the_time_limit():
 
 
 def test_the_option_keeps_the_compile_in_this_process(tmp_path):
-    from targets.checks import package
-    from targets.options import OptionsError
+    from tpu_export.targets.checks import package
+    from tpu_export.targets.options import OptionsError
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
@@ -148,8 +147,8 @@ def test_an_llm_with_donated_caches_compiles_in_the_child_as_here():
     """decode with its KV caches donated (aliased inputs): the child's report, its LLM section (bytes per token
     from the compiled HLO's HBM traffic) included, is the in-process one."""
     transformers = pytest.importorskip("transformers")
-    from converter.llm import prepare_lm
-    from tpu_backend.llm import export_lm
+    from tpu_export.converter.llm import prepare_lm
+    from tpu_export.tpu_backend.llm import export_lm
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

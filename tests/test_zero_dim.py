@@ -33,11 +33,11 @@ def test_zero_dim_parameters_and_buffers(target, tmp_path):
     x = torch.randn(2, 8, generator=torch.Generator().manual_seed(1))
     written = tpu_export.convert(model, (x,), targets=[target], out_dir=tmp_path)
     if target == "android":
-        import litert_torch
+        from tpu_export import litert_torch
 
         got = litert_torch.load(written[target])(x)
     else:
-        import tpu_backend
+        from tpu_export import tpu_backend
 
         art = tpu_backend.read_artifact(written[target])
         assert {n: tuple(t.shape) for n, t in art.weights.items() if t.ndim == 0}, "the 0-dim weights were folded"

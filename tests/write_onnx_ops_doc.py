@@ -13,8 +13,8 @@ PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 
 
 def render() -> str:
-    from converter.onnx import onnx_ops
-    from converter.onnx.registry import ONNX_OPSETS
+    from tpu_export.converter.onnx import onnx_ops
+    from tpu_export.converter.onnx.registry import ONNX_OPSETS
 
     entries = onnx_ops().entries()
     lines = [
@@ -36,7 +36,7 @@ def render() -> str:
         static = ", ".join(str(i) for i in sorted(set(e.static) | set(e.maybe_static))) or "-"
         lines.append(f"| {e.domain or 'ai.onnx'} | {e.op_type} | {e.opsets()} | {family} | {attrs} | {static} |")
     lines += ["", f"{len({(e.domain, e.op_type) for e in entries})} ops.", ""]
-    from converter.onnx.fuse import FUSED_PATTERNS
+    from tpu_export.converter.onnx.fuse import FUSED_PATTERNS
 
     lines += ["## Node patterns imported as one op", "",
               "Folded after constant folding (converter/onnx/fuse.py) when the constants match by value and no",
@@ -48,7 +48,7 @@ def render() -> str:
 
 
 def main() -> None:
-    from converter.atomic import write_file
+    from tpu_export.converter.atomic import write_file
 
     write_file(PATH, render().encode())
 

@@ -24,7 +24,7 @@ def op_row_scan():
 
 
 def main() -> int:
-    from converter.atomic import write_file
+    from tpu_export.converter.atomic import write_file
     from tpu_export.op_support import render_markdown
 
     write_file(DOCS, render_markdown(op_row_scan()).encode())

@@ -10,7 +10,7 @@ Heavy modules (jax, libtpu) load on first use; importing this package changes no
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "export_program", "export_lowered", "ExportedBundle", "ExportError", "PLATFORMS",

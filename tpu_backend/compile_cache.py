@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 
-from converter.atomic import write_file
+from tpu_export.converter.atomic import write_file
 
 from .artifact.versions import runtime_versions
 

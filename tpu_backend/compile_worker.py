@@ -1,7 +1,7 @@
 """The TPU AOT compile in a child process of its own, so libtpu's compile memory goes back to the OS when it
 exits instead of staying under whatever the converting process reads next (its weights, at the save).
 
-    python -m tpu_backend.compile_worker JOB_DIR
+    python -m tpu_export.tpu_backend.compile_worker JOB_DIR
 
 ``compile_in_child`` (the parent side; aot.compile_for calls it) writes JOB_DIR: each signature's jax.export
 serialization (``<i>.jaxexport``, StableHLO bytes) and ``job.json`` (target, topology, mesh, x64, HBM per
@@ -38,9 +38,9 @@ _ERRORS = ("AotError", "HbmOverflowError", "InvalidTopologyError")
 
 def compile_in_child(bundle, topo, *, dim_values=None, hbm_bytes=None, signatures=None, cache_dir=None,
                      timeout_s: float | None = None):
-    """aot.compile_for's work for ``topo`` (chips.Topology) done by ``python -m tpu_backend.compile_worker``;
+    """aot.compile_for's work for ``topo`` (chips.Topology) done by ``python -m tpu_export.tpu_backend.compile_worker``;
     returns the CompiledTarget, recorded in ``bundle`` as an in-process compile's would be."""
-    from converter.atomic import write_file
+    from tpu_export.converter.atomic import write_file
 
     from . import aot
     from .compile_cache import cache_folder
@@ -80,23 +80,22 @@ def compile_in_child(bundle, topo, *, dim_values=None, hbm_bytes=None, signature
     target = aot.finish_target(bundle, compiled, per_sig, target=chip.target, topology=topo.shape, chip=chip,
                                devices=devices, libtpu_topology=topo.libtpu_name, hbm=hbm)
     target.report["compile_worker"] = {
-        "what": "compiled in a child process (python -m tpu_backend.compile_worker): its wall time (start-up, "
-                "jax + libtpu import, compile, write) and its own peak RSS",
+        "what": "compiled in a child process (python -m tpu_export.tpu_backend.compile_worker): its wall time "
+                "(start-up, jax + libtpu import, compile, write) and its own peak RSS",
         "wall_seconds": round(wall, 2), "peak_rss_bytes": result.get("peak_rss_bytes")}
     return target
 
 
 def _run(work: str, timeout: float) -> tuple[str, int | None]:
     """(the child's stderr, its exit status; None when it ran past ``timeout`` and was killed)."""
-    import converter
-
-    # the child imports the same packages as this process, wherever they came from
-    root = os.path.dirname(os.path.dirname(os.path.abspath(converter.__file__)))
+    # the child imports the same packages as this process, wherever they came from (the folder holding
+    # the tpu_export package this module was imported from: a site-packages, or a checkout's root)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["tpu_export"].__file__)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
     with open(os.path.join(work, "stderr.txt"), "w+b") as err:
         try:
-            rc = subprocess.run([sys.executable, "-m", "tpu_backend.compile_worker", work], stdin=subprocess.DEVNULL,
-                                stdout=err, stderr=err, env=env, timeout=timeout).returncode
+            rc = subprocess.run([sys.executable, "-m", "tpu_export.tpu_backend.compile_worker", work],
+                                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = None
         err.seek(0)
@@ -125,17 +124,17 @@ def _raise(work, rc, stderr, signature, target, topology, timeout):
         raise (InvalidTopologyError if err["type"] == "InvalidTopologyError" else AotError)(msg)
     how = f"was killed by signal {-rc}" if rc < 0 else f"failed with exit status {rc}"  # -9: out of memory?
     raise AotError(f"signature {signature!r}: the {target} ({topology}) compile worker (python -m "
-                   f"tpu_backend.compile_worker) {how}; its last stderr line: {last}")
+                   f"tpu_export.tpu_backend.compile_worker) {how}; its last stderr line: {last}")
 
 
 def main(argv=None) -> int:
     """The child: compile JOB_DIR's signatures, write their executables and figures (see the module doc)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tpu_backend.compile_worker JOB_DIR", file=sys.stderr)
+        print("usage: python -m tpu_export.tpu_backend.compile_worker JOB_DIR", file=sys.stderr)
         return 2
     work = args[0]
-    from converter.atomic import write_file
+    from tpu_export.converter.atomic import write_file
 
     try:
         return _compile(work, write_file)

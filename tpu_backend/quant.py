@@ -169,7 +169,7 @@ _REWRITTEN = {aten.linear.default: _linear, aten.mm.default: _mm, aten.matmul.de
 
 def int8_rewrite(prog, signature_name, plan: Int8Plan):
     """The GraphRewrite of one signature for ``plan``: packed weights and rewritten users."""
-    from converter.registry import bind_args
+    from tpu_export.converter.registry import bind_args
 
     from .lowering.interpreter import GraphRewrite, PackedWeight
 

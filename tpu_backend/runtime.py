@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from converter.input_check import InputValueError, bind_inputs, check_inputs
+from tpu_export.converter.input_check import InputValueError, bind_inputs, check_inputs
 
 from .artifact import structure
 from .artifact.dtypes import numpy_to_torch, torch_to_numpy_array

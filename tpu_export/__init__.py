@@ -10,7 +10,7 @@ first use.
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = ["convert", "main"]
 

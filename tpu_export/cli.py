@@ -191,28 +191,28 @@ def _load_artifact(path, use_compiled=False, isolate=False, isolate_timeout=30.0
         if use_compiled or isolate:
             raise CliError("--use-compiled and --isolate apply to TPU artifacts, not a .tflite (which is checked "
                            "structurally before the interpreter sees it)")
-        import litert_torch
+        from tpu_export import litert_torch
 
         return litert_torch.load(path)
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     return tpu_backend.load(path, use_compiled=use_compiled, isolate=isolate, isolate_timeout=isolate_timeout)
 
 
 def cmd_inspect(a) -> int:
     if a.artifact.endswith(".litertlm"):
-        from targets.lm_describe import describe_litertlm
+        from tpu_export.targets.lm_describe import describe_litertlm
 
         print(describe_litertlm(a.artifact))
         return 0
-    from targets.describe import describe
+    from tpu_export.targets.describe import describe
 
     print(describe(a.artifact, isolate=a.isolate))
     return 0
 
 
 def cmd_targets(a) -> int:
-    from targets import TARGETS
+    from tpu_export.targets import TARGETS
 
     for t in TARGETS.values():
         print(f"{t.name:10s} {t.backend:5s} {t.summary}")
@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from tpu_backend.aot import prepare_cpu_host
+    from tpu_export.tpu_backend.aot import prepare_cpu_host
 
     prepare_cpu_host()  # before jax starts: quiet, concurrent-safe libtpu on hosts without a TPU
     import warnings
@@ -352,7 +352,7 @@ def _aot_cache(folder):
     if folder is None:
         yield
         return
-    from tpu_backend.compile_cache import ENV
+    from tpu_export.tpu_backend.compile_cache import ENV
 
     if os.path.exists(folder) and not os.path.isdir(folder):
         raise CliError(f"--cache-dir {folder}: exists and is not a directory; give a folder (it is created if missing)")

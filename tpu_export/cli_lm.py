@@ -9,7 +9,7 @@ __all__ = ["add_lm_commands", "cmd_convert_lm", "cmd_generate"]
 
 
 def cmd_convert_lm(a) -> int:
-    from targets.lm import convert_lm
+    from tpu_export.targets.lm import convert_lm
 
     targets = dict(_cli()._target_spec(t) for t in a.target)
     if len(targets) != len(a.target):

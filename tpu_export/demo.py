@@ -45,7 +45,7 @@ def _run(path, args):
 
 
 def run_demo(out_dir: str = "tpu-export-demo", quiet: bool = False, targets=None) -> int:
-    from targets.files import artifact_size
+    from tpu_export.targets.files import artifact_size
 
     from .cli import _progress
     from .multi_target import convert

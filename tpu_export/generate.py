@@ -1,7 +1,7 @@
 """Generation from an exported LM (converter.llm's cache protocol) on any runtime that runs it: greedy or sampled,
 token by token, with timings.
 
-    from converter.llm import prepare_lm
+    from tpu_export.converter.llm import prepare_lm
     prog, spec = prepare_lm(hf_model, prefill_lengths=(32,), cache_len=256)
     lite = edge.convert_program(prog)  # or litert_torch.signature(...).convert(), tpu_backend.export_program(prog)
     ids = greedy_generate(litert_torch.Model(lite), spec, prompt_ids, max_new_tokens=32)

@@ -96,7 +96,7 @@ class LoopGenerator:
     def from_artifact(cls, path: str) -> "LoopGenerator":
         import torch
 
-        from converter.llm import CacheSpec
+        from tpu_export.converter.llm import CacheSpec
 
         folder = os.path.dirname(os.path.abspath(path))
         meta_path = os.path.join(folder, "lm.json")
@@ -119,12 +119,12 @@ class LoopGenerator:
 
         tok = Tokenizer.from_file(tok_path)
         if path.endswith(".tflite"):
-            import litert_torch
+            from tpu_export import litert_torch
 
             runtime = litert_torch.load(path)
         else:
-            import tpu_backend
-            from tpu_backend.llm import OnDeviceLM
+            from tpu_export import tpu_backend
+            from tpu_export.tpu_backend.llm import OnDeviceLM
 
             # the caches stay on the device between steps, donated: each step updates them in place
             runtime = OnDeviceLM(tpu_backend.load(path), spec.names())
@@ -241,7 +241,7 @@ class EngineGenerator:
     def _llm_meta(self) -> dict:
         """The bundle's LlmMetadata (max_num_tokens, stop tokens, jinja_prompt_template) as a dict."""
         if self._meta is None:
-            from edge.litertlm import read_litertlm
+            from tpu_export.edge.litertlm import read_litertlm
 
             self._meta = next((sec["metadata"] for sec in read_litertlm(self.path)["sections"]
                                if sec["type"] == "LlmMetadataProto" and "metadata" in sec), {})

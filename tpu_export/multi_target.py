@@ -14,17 +14,17 @@ import os
 import time
 from typing import Callable
 
-from converter.atomic import discard, publish_dir, staging_dir, write_file
-from converter.errors import ConversionError
-from converter.pipeline import SignatureRequest, prepare_many
-from targets.files import artifact_size
+from tpu_export.converter.atomic import discard, publish_dir, staging_dir, write_file
+from tpu_export.converter.errors import ConversionError
+from tpu_export.converter.pipeline import SignatureRequest, prepare_many
+from tpu_export.targets.files import artifact_size
 
 __all__ = ["convert"]
 
 
 def _backend(name: str):
     # targets/ picks the backend, its options and its checks for each target.
-    from targets.backends import BACKENDS
+    from tpu_export.targets.backends import BACKENDS
 
     return BACKENDS[name]
 
@@ -62,10 +62,10 @@ def convert(
     backends = {t.backend: _backend(t.backend) for t in resolved}
 
     t0 = time.perf_counter()
-    from converter.onnx import is_onnx
+    from tpu_export.converter.onnx import is_onnx
 
     if is_onnx(module):
-        from converter.onnx import capture_inputs
+        from tpu_export.converter.onnx import capture_inputs
 
         say("import: ONNX graph -> torch module")
         module, sample_args, dynamic_shapes = capture_inputs(module, sample_args, dynamic_shapes, dim_sizes)
@@ -78,7 +78,7 @@ def convert(
     prog = prepare_many([req], strict=strict, enable_x64=enable_x64)
     capture_s = time.perf_counter() - t0
 
-    from converter.support import check_support
+    from tpu_export.converter.support import check_support
 
     for name, b in backends.items():
         check_support(prog, name, b.is_supported)  # every backend, before anything is written
@@ -124,7 +124,7 @@ def _streams(t, opts) -> bool:
     keep the bytes path (their steps read the whole flatbuffer)."""
     if t.backend != "edge":
         return False
-    from targets.registry import EdgeTarget
+    from tpu_export.targets.registry import EdgeTarget
 
     kind = type(t)
     plain = all(getattr(kind, h) is getattr(EdgeTarget, h) for h in ("finish", "package_files", "check_io"))
@@ -135,9 +135,9 @@ def _write_edge_streamed(prog, t, stage: str, opts, say) -> tuple[str, dict]:
     """The float .tflite streamed into the staged target folder (weights written from where they live, the
     large-model form past 2 GiB, so a model of any size converts), then its delegate checks on a read-only
     map of the file: the same file, report and summary entry as the bytes path, without the model in memory."""
-    from edge.tflite_check import map_tflite
-    from targets.compat import compatibility
-    from targets.mobile import write_edge
+    from tpu_export.edge.tflite_check import map_tflite
+    from tpu_export.targets.compat import compatibility
+    from tpu_export.targets.mobile import write_edge
 
     name = opts.name or t.name
     os.makedirs(os.path.join(stage, t.name), exist_ok=True)
@@ -161,8 +161,8 @@ def _write_edge_streamed(prog, t, stage: str, opts, say) -> tuple[str, dict]:
 
 def _targets_and_options(targets, shared: dict) -> tuple[list, list]:
     """[Target], [its checked options] from a name, a list of names or {name: options}."""
-    from targets import get_target, options_for
-    from targets.options import split_shared
+    from tpu_export.targets import get_target, options_for
+    from tpu_export.targets.options import split_shared
 
     if isinstance(targets, str):
         targets = [targets]

@@ -94,9 +94,9 @@ def _registries():
     """backend -> set of ATen overloads it lowers."""
     import torch
 
-    from edge import EDGE  # the filled tables: importing them registers every lowering
-    from edge.lower import SYM_OPS  # shape queries the edge driver evaluates itself
-    from tpu_backend.lowering import JAX_LOWERINGS
+    from tpu_export.edge import EDGE  # the filled tables: importing them registers every lowering
+    from tpu_export.edge.lower import SYM_OPS  # shape queries the edge driver evaluates itself
+    from tpu_export.tpu_backend.lowering import JAX_LOWERINGS
 
     edge = set(EDGE.targets()) | {op for op in SYM_OPS if isinstance(op, torch._ops.OpOverload)}
     return {"tpu": set(JAX_LOWERINGS.targets()), "edge": edge}
@@ -105,7 +105,7 @@ def _registries():
 @functools.lru_cache(maxsize=None)
 def converter_decomposed() -> frozenset:
     """Names of the inference core overloads the converter's own decomposition table removes."""
-    from converter.decompositions import decomposition_table
+    from tpu_export.converter.decompositions import decomposition_table
 
     table = decomposition_table()
     return frozenset(n for n, op in inference_core_ops() if op in table)
@@ -118,11 +118,11 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
     Decomposition runs once, with ``keep_core`` kept whole; those few nodes are then decomposed
     in place from the same table (what ``converter.prepare`` would have produced) before the
     shared passes run."""
-    from converter.capture import _as_tuple, capture, forward_params
-    from converter.decompositions import KEEP_WHOLE, decompose, decompose_nodes
-    from converter.passes import run_shared_passes
-    from converter.program import program_from_exported
-    from converter.registry import op_name
+    from tpu_export.converter.capture import _as_tuple, capture, forward_params
+    from tpu_export.converter.decompositions import KEEP_WHOLE, decompose, decompose_nodes
+    from tpu_export.converter.passes import run_shared_passes
+    from tpu_export.converter.program import program_from_exported
+    from tpu_export.converter.registry import op_name
 
     kept = decompose(capture(module, args), KEEP_WHOLE | keep_core, in_place=True)
     ops = {op_name(n.target) for n in kept.graph.nodes if n.op == "call_function" and n.target in keep_core}
@@ -137,10 +137,10 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
 
 def _edge_builtins(prog) -> tuple:
     """Names of the LiteRT builtins the edge backend emits for ``prog`` (lowering only: no file)."""
-    from converter.support import unsupported_ops
-    from edge.builder import ModelBuilder, builtin_names
-    from edge.convert import is_supported
-    from edge.lower import lower_signature
+    from tpu_export.converter.support import unsupported_ops
+    from tpu_export.edge.builder import ModelBuilder, builtin_names
+    from tpu_export.edge.convert import is_supported
+    from tpu_export.edge.lower import lower_signature
 
     if unsupported_ops(prog, is_supported):
         return ()
@@ -200,7 +200,7 @@ def support_table(scan: RowScan | None = None) -> list[dict]:
     builtins = scan.builtins if scan is not None else {}
     notes = {}
     try:
-        from edge.op_notes import EDGE_NOTES
+        from tpu_export.edge.op_notes import EDGE_NOTES
 
         notes.update(EDGE_NOTES)
     except ImportError:

@@ -1,6 +1,6 @@
 """litert_torch.generative: LLMs with their KV cache (litert-torch 0.10's module layout).
 
-    from litert_torch.generative import export_hf
+    from tpu_export.litert_torch.generative import export_hf
     export_hf.export(model="path/to/hf_dir", output_dir="out", prefill_lengths=[32], cache_length=1024)
 """
 
@@ -14,4 +14,4 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(".export_hf", __name__)
-    raise AttributeError(f"module 'litert_torch.generative' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

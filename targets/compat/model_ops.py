@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from edge.builder import builtin_names
-from edge.builder import type_names as tflite_type_names
+from tpu_export.edge.builder import builtin_names
+from tpu_export.edge.builder import type_names as tflite_type_names
 
 __all__ = ["TensorView", "OpView", "read_ops"]
 

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-import edge
-import tpu_backend
-from converter import prepare
 from tests.numerics import rel_err
+from tpu_export import edge, tpu_backend
+from tpu_export.converter import prepare
 
 aten = torch.ops.aten
 

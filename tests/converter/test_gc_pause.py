@@ -5,8 +5,8 @@ import gc
 import pytest
 import torch
 
-import converter
-from converter.gc_pause import gc_paused
+from tpu_export import converter
+from tpu_export.converter.gc_pause import gc_paused
 
 
 def test_paused_inside_restored_after_and_on_error():

@@ -9,12 +9,12 @@ import collections
 import pytest
 import torch
 
-from converter import prepare, run_program
-from converter.capture import capture
-from converter.decompositions import KEEP_WHOLE, _plain_table, decompose
-from converter.lean_decompose import NeedsFullRetrace, decompose_in_place
 from tests.converter.test_pipeline import rel_err
 from tests.zoo import build
+from tpu_export.converter import prepare, run_program
+from tpu_export.converter.capture import capture
+from tpu_export.converter.decompositions import KEEP_WHOLE, _plain_table, decompose
+from tpu_export.converter.lean_decompose import NeedsFullRetrace, decompose_in_place
 
 KEEP = frozenset(KEEP_WHOLE)
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
-import converter
-from converter import SignatureRequest, prepare, prepare_many, run_program
 from tests.numerics import rel_err
+from tpu_export import converter
+from tpu_export.converter import SignatureRequest, prepare, prepare_many, run_program
 
 aten = torch.ops.aten
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-import litert_torch
 from tests.edge._util import assert_close
+from tpu_export import litert_torch
 
 RTOL = 1e-5
 
@@ -115,7 +115,7 @@ class Decode(nn.Module):
 
 
 def _buffers_equal_to(data: bytes, tensor: torch.Tensor) -> int:
-    from edge.inspect import read_model
+    from tpu_export.edge.inspect import read_model
 
     want = tensor.detach().numpy().tobytes()
     return sum(1 for b in read_model(data).buffers if b.data is not None and bytes(b.data) == want)
@@ -172,7 +172,7 @@ class Unsupported(nn.Module):
 
 
 def test_unsupported_ops_listed_with_source_before_writing(tmp_path):
-    from converter import UnsupportedOpsError
+    from tpu_export.converter import UnsupportedOpsError
 
     x, k = torch.randn(4), torch.arange(4, dtype=torch.int32)
     with pytest.raises(UnsupportedOpsError) as e:
@@ -189,7 +189,7 @@ class ReturnsNumber(nn.Module):
 
 
 def test_non_tensor_output_is_reported():
-    from converter import UnsupportedOutputError
+    from tpu_export.converter import UnsupportedOutputError
 
     with pytest.raises(UnsupportedOutputError, match="not a tensor"):
         _convert(ReturnsNumber(), (torch.randn(3),))

@@ -24,7 +24,7 @@ RTOL = 1e-4
 
 
 def _convert(module, kwargs, dyn, **kw):
-    import litert_torch
+    from tpu_export import litert_torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -238,7 +238,7 @@ def test_dynamic_integer_upsampling_runs_in_xnnpack_ops(k, by_size, channels):
     builtin kernels alone."""
     import ai_edge_litert.interpreter as tfl
 
-    from edge.inspect import op_histogram
+    from tpu_export.edge.inspect import op_histogram
 
     q = k if by_size else 1
     dyn = {"x": {0: Dim("batch", min=1, max=3), 2: q * Dim("hq", min=1, max=64 // q),
@@ -302,7 +302,7 @@ class _SameSizeView(nn.Module):
 def test_view_to_the_same_dynamic_sizes_writes_no_reshape():
     """A view to the sizes its input already has (two dynamic dims) is the input itself: no RESHAPE with a
     run-time shape operand, which XNNPACK would leave to the builtin kernels."""
-    from edge.inspect import op_histogram
+    from tpu_export.edge.inspect import op_histogram
 
     def make(b, s):
         return {"x": torch.randn(b, 3, s, 4, generator=torch.Generator().manual_seed(b * s))}

@@ -17,11 +17,11 @@ transformers = pytest.importorskip("transformers")
 litert_lm = pytest.importorskip("litert_lm")
 pytest.importorskip("litert_lm_builder")
 
-import litert_torch  # noqa: E402
-from converter.llm import CacheSpec, prepare_lm  # noqa: E402
-from edge import convert_program  # noqa: E402
-from edge.litertlm import LitertLmError, read_litertlm, write_litertlm  # noqa: E402
 from tests.llm_models import CHAT_TEMPLATE, SPECIAL, save_model_dir, tiny_tokenizer  # noqa: E402
+from tpu_export import litert_torch  # noqa: E402
+from tpu_export.converter.llm import CacheSpec, prepare_lm  # noqa: E402
+from tpu_export.edge import convert_program  # noqa: E402
+from tpu_export.edge.litertlm import LitertLmError, read_litertlm, write_litertlm  # noqa: E402
 from tpu_export.generate import greedy_generate  # noqa: E402
 
 CACHE = 96
@@ -50,11 +50,11 @@ def bundles(tmp_path_factory):
                               prompt_template=CHAT_TEMPLATE)
         out[arch] = (model, lite, spec, path, d)
         if arch == "llama":  # the same model in the large-model form (data after the flatbuffer), bundled from a path
-            from edge.convert import write_program
+            from tpu_export.edge.convert import write_program
 
             large = write_program(prog, root / "llama_large.tflite", large=True)
             with pytest.MonkeyPatch.context() as mp:  # copied in as a multi-GB one is (edge.litertlm.copy_direct)
-                mp.setattr("edge.litertlm._DIRECT_FROM", 0)
+                mp.setattr("tpu_export.edge.litertlm._DIRECT_FROM", 0)
                 out["llama_large"] = (model, large, spec, write_litertlm(
                     root / "llama_large.litertlm", large, tokenizer_json=d / "tokenizer.json", stop_token_ids=[EOS],
                     max_num_tokens=CACHE, cache_spec=spec, prompt_template=CHAT_TEMPLATE), d)
@@ -91,7 +91,7 @@ def test_engine_runs_the_decode_over_the_filled_prefix(tmp_path, cache):
     """The decode signature picks its attention's prefix (of 256 or 512 slots; of 512 ... 4096) through IF ops and
     subgraphs of their own (edge.attention_prefix): the LiteRT-LM engine runs them and replies with transformers'
     greedy tokens."""
-    from edge.inspect import op_histogram
+    from tpu_export.edge.inspect import op_histogram
 
     d = save_model_dir("llama", tmp_path / "llama")
     model = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
@@ -135,8 +135,8 @@ def test_copy_direct_appends_the_file_whole_and_falls_back_where_unaligned(tmp_p
     """The bundle's copy of a large .tflite (#15): whole 4 KiB blocks by O_DIRECT at a block-aligned position (when
     the filesystem takes O_DIRECT; one piece, or 15 pieces through the writer threads), the tail and an unaligned
     position through the stream; the bytes are the file's either way and the stream is left at their end."""
-    from edge import file_copy
-    from edge.file_copy import copy_direct
+    from tpu_export.edge import file_copy
+    from tpu_export.edge.file_copy import copy_direct
 
     if piece:
         monkeypatch.setattr(file_copy, "_PIECE", piece)
@@ -210,7 +210,7 @@ def test_bad_arguments_are_one_line_errors_and_leave_no_file(bundles, tmp_path, 
 
 
 def test_a_tflite_without_llm_signatures_is_refused(bundles, tmp_path):
-    import converter
+    from tpu_export import converter
 
     plain = convert_program(converter.prepare(torch.nn.Linear(4, 4).eval(), (torch.randn(1, 4),)))
     _, _, spec, _, d = bundles["llama"]

@@ -17,11 +17,13 @@ import torch
 
 pytest.importorskip("transformers")
 
-import edge  # noqa: E402
-import litert_torch  # noqa: E402
-from converter.llm import prepare_lm  # noqa: E402
-from edge.quantize import quantize_tflite  # noqa: E402
 from tests.llm_models import SPECIAL, TEXT, tiny_model, tiny_tokenizer  # noqa: E402
+from tpu_export import (
+    edge,  # noqa: E402
+    litert_torch,  # noqa: E402
+)
+from tpu_export.converter.llm import prepare_lm  # noqa: E402
+from tpu_export.edge.quantize import quantize_tflite  # noqa: E402
 from tpu_export.generate import greedy_generate  # noqa: E402
 
 PREFILL, CACHE, NEW = (16,), 64, 32
@@ -150,8 +152,8 @@ def test_quantized_bundle_generates_in_the_engine(lm, scheme, tmp_path):
     our own loop gets from the same quantized .tflite: the engine's kernels read the int8 / blockwise-int4 weights
     and the quantized embedding table as LiteRT's interpreter does."""
     litert_lm = pytest.importorskip("litert_lm")
-    from edge.litertlm import write_litertlm
     from tests.llm_models import save_model_dir
+    from tpu_export.edge.litertlm import write_litertlm
 
     arch, flt, spec, prompt, _ = lm
     q = quantize_tflite(flt, scheme)
@@ -170,7 +172,7 @@ def test_quantized_bundle_generates_in_the_engine(lm, scheme, tmp_path):
 def test_quantized_decode_over_the_filled_prefix():
     """A 512-slot cache: the decode's attention runs through edge.attention_prefix's IF subgraphs; quantized
     (dynamic_int8) they stay float and the model keeps the float model's greedy tokens."""
-    from edge.inspect import op_histogram
+    from tpu_export.edge.inspect import op_histogram
 
     model, _ = _fitted("llama")
     with torch.no_grad():
@@ -186,7 +188,7 @@ def test_large_model_form_quantizes_like_the_classic_form(tmp_path):
     """A .tflite in the large-model form (weights after the flatbuffer, Buffer.offset/size: how edge.convert writes
     a model past 2 GiB) goes through the same name/embedding rewrite (repacked with its data moved and the offsets
     patched) and comes out of the quantizer byte-identical to the classic form's result."""
-    from edge.convert import convert_program, write_program
+    from tpu_export.edge.convert import convert_program, write_program
 
     prog, _ = prepare_lm(tiny_model("llama"), prefill_lengths=PREFILL, cache_len=CACHE)
     write_program(prog, tmp_path / "large.tflite", large=True)
@@ -203,7 +205,7 @@ def test_the_quantizers_input_is_the_float_model_with_each_weight_once(lm):
     same bytes from it as from the float .tflite (convert-lm frees the float bytes in between)."""
     from ai_edge_litert import schema_py_generated as s
 
-    from edge.quantize import prepare_tflite
+    from tpu_export.edge.quantize import prepare_tflite
 
     _, flt, spec, prompt, _ = lm
     prep = prepare_tflite(flt, "dynamic_int8")

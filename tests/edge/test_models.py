@@ -25,7 +25,7 @@ DYNAMIC = [n for n, e in ZOO.items() if e.dynamic_batch and (
 
 
 def _convert(module, args, **kw):
-    import litert_torch
+    from tpu_export import litert_torch
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -33,7 +33,7 @@ def _convert(module, args, **kw):
 
 
 def _hist(model):
-    from edge import op_histogram
+    from tpu_export.edge import op_histogram
 
     return op_histogram(model.tflite_model())
 
@@ -98,7 +98,7 @@ def test_dynamic_batch_resize_tensor_input():
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "deeplabv3"])
 def test_channel_last_io_has_no_transpose(name):
-    import litert_torch
+    from tpu_export import litert_torch
 
     module, args = ZOO[name].build()
     with torch.no_grad():

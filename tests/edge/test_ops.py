@@ -37,7 +37,7 @@ def _params():
 
 @pytest.mark.parametrize("row", list(_params()))
 def test_op_row(row):
-    import litert_torch
+    from tpu_export import litert_torch
 
     module = OpModule(row, weights_as_params=True).eval()
     inputs = row_inputs(row, weights_as_params=True)
@@ -69,7 +69,7 @@ def test_op_row_symbolic_sizes(row):
     interpreter resized (resize_tensor_input, strict: only -1 dims may change) to each size matches torch."""
     from ai_edge_litert.interpreter import Interpreter
 
-    import litert_torch
+    from tpu_export import litert_torch
 
     module = OpModule(row, weights_as_params=True).eval()
     with warnings.catch_warnings():
@@ -113,8 +113,8 @@ def _with_args(row, args):
 
 
 def _convert_hist(module, args):
-    import litert_torch
-    from edge import op_histogram
+    from tpu_export import litert_torch
+    from tpu_export.edge import op_histogram
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -17,11 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import converter
-import edge
-import litert_torch
-from edge.quantize import QuantConfig, QuantizationError, calibration_feeds, quantize_tflite
 from tests.zoo import build_wide
+from tpu_export import converter, edge, litert_torch
+from tpu_export.edge.quantize import QuantConfig, QuantizationError, calibration_feeds, quantize_tflite
 
 MODELS = ["resnet18", "mobilenet_v2", "vit"]  # the CNN classifiers and the transformer (ViT) classifier
 SCHEMES = ["dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16", "static_int8"]
@@ -74,7 +72,7 @@ def zoo_model(request):
 def test_writer_names_tensors_uniquely(zoo_model):
     """ai-edge-quantizer keys recipes and calibration by tensor name: our writer never repeats one
     (a PAD before a CONV_2D used to share the conv's name), so the renaming fallback is a no-op."""
-    from edge.quantize import unique_tensor_names
+    from tpu_export.edge.quantize import unique_tensor_names
 
     float_tflite = zoo_model[2]
     assert unique_tensor_names(float_tflite) is float_tflite
@@ -126,7 +124,7 @@ def test_static_int8_output_range_covers_the_calibration_data(zoo_model):
 
 def _assert_scheme_shape(tflite, scheme):
     """What each scheme leaves in the file: weight dtypes, DEQUANTIZE ops, float or int8 activations."""
-    from targets.compat.model_ops import read_ops
+    from tpu_export.targets.compat.model_ops import read_ops
 
     ops = read_ops(tflite)
     weights = {t.dtype for op in ops if op.name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "DEQUANTIZE")
@@ -170,7 +168,7 @@ def test_convert_static_int8_float_and_int8_io(small_cnn):
                                 calibration_data=iter(cal))  # any iterable
     from ai_edge_litert.interpreter import Interpreter
 
-    from targets.tflm_run import _dequantize, _quantize, measure_arena, run_tflm
+    from tpu_export.targets.tflm_run import _dequantize, _quantize, measure_arena, run_tflm
 
     tfl = i_io.tflite_model()
     interp = Interpreter(model_content=tfl)
@@ -271,7 +269,7 @@ def test_config_errors_are_clear():
 
 
 def test_targets_refuse_schemes_their_runtime_cannot_run(small_cnn, tmp_path):
-    from targets import package
+    from tpu_export.targets import package
 
     module, args = small_cnn
     prog = converter.prepare(module, args)
@@ -288,7 +286,7 @@ def test_targets_refuse_schemes_their_runtime_cannot_run(small_cnn, tmp_path):
 
 @pytest.mark.parametrize("target", ["android", "ios", "cpu", "web"])
 def test_targets_take_every_scheme_their_runtime_runs(small_cnn, tmp_path, target):
-    from targets import package
+    from tpu_export.targets import package
 
     module, args = small_cnn
     prog = converter.prepare(module, args)
@@ -311,7 +309,7 @@ def test_cli_quantize_and_calibration(tmp_path):
     rc = main(["convert", "tpu_export.demo_models:small_cnn", "--target", "cpu", "-o", str(tmp_path / "o"),
                "--quantize", "static_int8", "--calibration", str(npz), "--quiet"])
     assert rc == 0
-    from targets.compat.model_ops import read_ops
+    from tpu_export.targets.compat.model_ops import read_ops
 
     ops = read_ops(open(tmp_path / "o" / "cpu" / "cpu.tflite", "rb").read())
     assert any(op.name == "QUANTIZE" for op in ops)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-import litert_torch
 from tests.numerics import rel_err
+from tpu_export import litert_torch
 
 
 class ManyHeads(torch.nn.Module):

@@ -57,7 +57,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_grouped_query_attention_matches_torch(case):
-    import litert_torch
+    from tpu_export import litert_torch
 
     n, make_mask, causal, reshapes = CASES[case]
     g = torch.Generator().manual_seed(0)

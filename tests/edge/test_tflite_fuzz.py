@@ -25,8 +25,8 @@ import pytest
 import torch
 from torch import nn
 
-import litert_torch
-from edge import tflite_check
+from tpu_export import litert_torch
+from tpu_export.edge import tflite_check
 
 N_PER_SEED = 3000
 HANG_S = 15.0  # per mutation, after the child's imports; a call here takes milliseconds
@@ -385,7 +385,7 @@ def _timed(fn, *args) -> float:
 
 
 def test_inspect_refuses_a_corrupt_tflite_in_one_line(tmp_path):
-    from targets.describe import describe
+    from tpu_export.targets.describe import describe
 
     good = tmp_path / "m.tflite"
     litert_torch.convert(_Cnn().eval(), (torch.randn(1, 3, 8, 8),)).export(good)
@@ -397,7 +397,7 @@ def test_inspect_refuses_a_corrupt_tflite_in_one_line(tmp_path):
 
 
 def test_a_fifo_or_device_is_refused_without_waiting(tmp_path):
-    from targets.describe import describe
+    from tpu_export.targets.describe import describe
 
     fifo = tmp_path / "m.tflite"
     os.mkfifo(fifo)

@@ -119,11 +119,10 @@ def run_ours(model, rows):
     import jax
     import torch
 
-    import converter
-    import litert_torch
-    from converter.onnx import import_onnx
-    from edge import convert_program
-    from tpu_backend.lowering import lower_signature
+    from tpu_export import converter, litert_torch
+    from tpu_export.converter.onnx import import_onnx
+    from tpu_export.edge import convert_program
+    from tpu_export.tpu_backend.lowering import lower_signature
 
     imp = import_onnx(model)
     with warnings.catch_warnings():

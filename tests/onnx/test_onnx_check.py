@@ -10,8 +10,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from converter.onnx import OnnxImportError, import_onnx
 from tests.numerics import rel_err
+from tpu_export.converter.onnx import OnnxImportError, import_onnx
 
 
 def _model(w_as_input=False):

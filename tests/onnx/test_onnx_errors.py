@@ -9,8 +9,8 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from converter.onnx import OnnxImportError, UnsupportedOnnxOpsError, import_onnx
 from tests.numerics import rel_err
+from tpu_export.converter.onnx import OnnxImportError, UnsupportedOnnxOpsError, import_onnx
 
 
 def _model(nodes, inputs, outputs, inits=(), opset=18, domains=()):
@@ -133,9 +133,8 @@ def test_external_data_inside_the_folder_imports(tmp_path):
 
 
 def test_entry_points_take_onnx_files_with_dynamic_and_fixed_dims(tmp_path):
-    import litert_torch
-    import tpu_backend
     import tpu_export
+    from tpu_export import litert_torch, tpu_backend
     from tpu_export.cli import main
 
     path = tmp_path / "mlp.onnx"
@@ -157,7 +156,7 @@ def test_entry_points_take_onnx_files_with_dynamic_and_fixed_dims(tmp_path):
 
 
 def test_registering_an_op_twice_for_overlapping_opsets_fails():
-    from converter.onnx.registry import DuplicateOnnxOpError, OnnxOpTable
+    from tpu_export.converter.onnx.registry import DuplicateOnnxOpError, OnnxOpTable
 
     t = OnnxOpTable()
     t.op("Foo", since=13, until=17)(lambda ctx, x: x)
@@ -180,7 +179,7 @@ def test_resize_variant_torch_cannot_express_is_refused_naming_the_attribute():
 
 
 def test_dim_ranges_and_sample_inputs():
-    import converter
+    from tpu_export import converter
 
     imp = import_onnx(_mlp(), dim_sizes={"batch": (1, 8)})
     prog = converter.prepare(imp.module, imp.sample_args, dynamic_shapes=imp.dynamic_shapes)

@@ -49,7 +49,7 @@ def _ort(data, *xs):
 def _imported_ops(data):
     import onnx
 
-    from converter.onnx import import_onnx
+    from tpu_export.converter.onnx import import_onnx
 
     imp = import_onnx(onnx.load_model_from_string(data))
     return imp, [ctx.op_type for _, ctx, *_ in imp.module._nodes]
@@ -60,10 +60,9 @@ def _imported_ops(data):
 def test_exported_gelu_is_one_op(kind, approximate):
     import jax
 
-    import converter
-    import litert_torch
-    from edge import convert_program, op_histogram
-    from tpu_backend.lowering import lower_signature
+    from tpu_export import converter, litert_torch
+    from tpu_export.edge import convert_program, op_histogram
+    from tpu_export.tpu_backend.lowering import lower_signature
 
     data = _export(approximate, kind)
     imp, ops = _imported_ops(data)
@@ -152,9 +151,8 @@ class _Mlp(torch.nn.Module):
 def test_exported_linear_layers_are_fully_connected(kind):
     """MatMul + Add with constant weights imports as aten.linear: the .tflite holds the same ops as the torch
     model's (FULLY_CONNECTED with its bias, the norm's affine folded into it), and matches onnxruntime."""
-    import converter
-    import litert_torch
-    from edge import convert_program, op_histogram
+    from tpu_export import converter, litert_torch
+    from tpu_export.edge import convert_program, op_histogram
 
     torch.manual_seed(0)
     m = _Mlp().eval()

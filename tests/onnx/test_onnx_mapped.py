@@ -10,10 +10,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from converter.onnx import OnnxImportError, import_onnx
-from converter.onnx.graph import build_graph
-from converter.onnx.load import check_and_infer, load_model
 from tests.numerics import rel_err
+from tpu_export.converter.onnx import OnnxImportError, import_onnx
+from tpu_export.converter.onnx.graph import build_graph
+from tpu_export.converter.onnx.load import check_and_infer, load_model
 
 
 def _model():
@@ -144,7 +144,7 @@ def test_empty_and_truncated_files_fail_in_one_line(tmp_path, cut):
 
 
 def test_a_file_that_cannot_be_mapped_is_read_whole(tmp_path, monkeypatch):
-    import converter.onnx.wire as wire
+    import tpu_export.converter.onnx.wire as wire
 
     def refuse(*a, **k):  # what mmap raises on a filesystem without mmap support (ENODEV)
         raise OSError(19, "No such device")

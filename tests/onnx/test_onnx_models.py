@@ -53,11 +53,10 @@ def test_zoo_model_from_onnx(name, kind):
     import jax
     import onnx
 
-    import converter
-    import litert_torch
-    from converter.onnx import import_onnx
-    from edge import convert_program, op_histogram
-    from tpu_backend.lowering import lower_signature
+    from tpu_export import converter, litert_torch
+    from tpu_export.converter.onnx import import_onnx
+    from tpu_export.edge import convert_program, op_histogram
+    from tpu_export.tpu_backend.lowering import lower_signature
 
     m, args, data = _export(name, kind)
     names, want = _ort(data, args)
@@ -94,10 +93,9 @@ def test_zoo_model_with_dynamic_batch(name, tmp_path):
     batches (and lengths) like onnxruntime."""
     import onnxruntime as ort
 
-    import litert_torch
-    import tpu_backend
     import tpu_export
     from tests.zoo import batch_like
+    from tpu_export import litert_torch, tpu_backend
 
     m, args = build(name)
     names = [f"in{i}" for i in range(len(args))]

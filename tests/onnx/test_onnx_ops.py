@@ -23,7 +23,7 @@ def test_onnx_rows(key):
 
 def test_every_imported_op_has_a_row():
     """Each op of the table (but the ones the contrib list and creation rows cover by name) has a row."""
-    from converter.onnx import onnx_ops
+    from tpu_export.converter.onnx import onnx_ops
 
     have = {(r.domain, r.op) for r in ROWS}
     missing = sorted(f"{e.domain or 'ai.onnx'}::{e.op_type}" for e in onnx_ops().entries()

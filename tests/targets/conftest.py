@@ -9,7 +9,7 @@ from tests.zoo import build
 
 
 def _prepared(name):
-    import converter
+    from tpu_export import converter
 
     module, args = build(name)
     prog = converter.prepare(module, args)

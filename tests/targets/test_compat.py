@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from targets import CompatibilityError, check_for_target
-from targets.checks import lower_for_target
-from targets.compat import compatibility
+from tpu_export.targets import CompatibilityError, check_for_target
+from tpu_export.targets.checks import lower_for_target
+from tpu_export.targets.compat import compatibility
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,8 @@ def test_strict_names_the_fallback_ops(cnn, encoder_tflite):
 
 
 def test_version_rule_of_coreml():
-    from targets.compat.ios_coreml import coreml_common_check
-    from targets.compat.model_ops import OpView, TensorView
+    from tpu_export.targets.compat.ios_coreml import coreml_common_check
+    from tpu_export.targets.compat.model_ops import OpView, TensorView
 
     f32 = TensorView("x", "float32", (1, 4, 4, 8), False)
     op = OpView(0, 0, "CONV_2D", 2, (f32,), (f32,), None)

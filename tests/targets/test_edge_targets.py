@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from targets import package
-from targets.tflite_io import signatures
+from tpu_export.targets import package
+from tpu_export.targets.tflite_io import signatures
 
 
 def _run(tflite, inputs):
@@ -61,7 +61,7 @@ def test_encoder_package(encoder, target, tmp_path):
 
 
 def test_fp16_weights_for_gpu_delegates(cnn, tmp_path):
-    from targets.compat.model_ops import read_ops
+    from tpu_export.targets.compat.model_ops import read_ops
 
     module, args, prog, ref = cnn
     float_size = len(package("android", prog, str(tmp_path / "f32"), say=_quiet) and
@@ -75,7 +75,7 @@ def test_fp16_weights_for_gpu_delegates(cnn, tmp_path):
     out = next(iter(_run(tfl, {"x": x}).values()))
     np.testing.assert_allclose(out, ref.numpy(), rtol=2e-2, atol=2e-2)
     # the float16 weights' DEQUANTIZE nodes are taken by the delegates' partition helpers
-    from targets.compat import compatibility
+    from tpu_export.targets.compat import compatibility
 
     assert compatibility(tfl, "android").ok and compatibility(tfl, "ios", delegate="metal").ok
     assert compatibility(tfl, "ios").fallback == {"RESHAPE": 1}

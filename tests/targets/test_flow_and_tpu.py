@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from targets import OptionsError, get_target, options_for, package
-from targets.backends import BACKENDS
+from tpu_export.targets import OptionsError, get_target, options_for, package
+from tpu_export.targets.backends import BACKENDS
 
 
 def test_edge_writer_writes_and_reports(cnn, tmp_path):
@@ -52,7 +52,7 @@ def test_options_fail_before_any_work():
 
 @pytest.fixture(scope="module")
 def small():
-    import converter
+    from tpu_export import converter
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
@@ -61,7 +61,7 @@ def small():
 
 
 def test_cpu_xla_package_runs(small, tmp_path):
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     m, x, prog = small
     written = package("cpu-xla", prog, str(tmp_path), say=lambda s: None)
@@ -70,13 +70,13 @@ def test_cpu_xla_package_runs(small, tmp_path):
 
 
 def tpu_backend_reports(path):
-    import tpu_backend
+    from tpu_export import tpu_backend
 
     return tpu_backend.read_artifact(path).reports()
 
 
 def test_tpu_package_aot_and_bad_topology(small, tmp_path):
-    from tpu_backend.chips import InvalidTopologyError
+    from tpu_export.tpu_backend.chips import InvalidTopologyError
 
     m, x, prog = small
     lines = []

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from targets import BudgetError, CompatibilityError, QuantizationError, package
-from targets.iot import check_budget
-from targets.tflm_run import TflmError, run_tflm
+from tpu_export.targets import BudgetError, CompatibilityError, QuantizationError, package
+from tpu_export.targets.iot import check_budget
+from tpu_export.targets.tflm_run import TflmError, run_tflm
 
 
 def _calibration(args, n=8, seed=0):
@@ -48,8 +48,8 @@ def test_int8_model_runs_in_tflite_micro(iot_pkg, cnn):
 
 
 def test_int8_model_is_full_integer_and_tflm_only(iot_pkg):
-    from targets.compat import compatibility
-    from targets.compat.model_ops import read_ops
+    from tpu_export.targets.compat import compatibility
+    from tpu_export.targets.compat.model_ops import read_ops
 
     tfl = open(iot_pkg[0]["mnv2.tflite"], "rb").read()
     assert compatibility(tfl, "iot").ok

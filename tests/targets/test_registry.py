@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import targets
-from targets import TARGETS, UnknownTargetError, get_target
+from tpu_export import targets
+from tpu_export.targets import TARGETS, UnknownTargetError, get_target
 
 EXPECTED = {"android", "ios", "web", "iot", "cpu", "tpu-v5e", "tpu-v6e", "tpu-v5p", "tpu-v7x", "cuda", "cpu-xla"}
 
@@ -27,7 +27,7 @@ def test_unknown_target_lists_the_known_ones():
 
 
 def test_compatibility_rejects_unknown_target_and_delegate():
-    from targets.compat import compatibility
+    from tpu_export.targets.compat import compatibility
 
     with pytest.raises(UnknownTargetError):
         compatibility(b"", "nokia")
@@ -49,7 +49,7 @@ def test_tpu_targets_carry_chip_facts(name):
 
 
 def test_invalid_topology_lists_the_valid_ones():
-    from tpu_backend.chips import InvalidTopologyError
+    from tpu_export.tpu_backend.chips import InvalidTopologyError
 
     with pytest.raises(InvalidTopologyError) as e:
         targets.check_topology("tpu-v6e", "3x5")

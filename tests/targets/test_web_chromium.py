@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from targets import package
-from targets.web import es_module_snippet
 from tests.numerics import rel_err
 from tests.targets.web_harness import missing_reason, run_in_chromium
+from tpu_export.targets import package
+from tpu_export.targets.web import es_module_snippet
 
 pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
 
@@ -40,7 +40,7 @@ def test_encoder_in_chromium(encoder, tmp_path):
 
 
 def test_snippet_has_the_real_signature(encoder):
-    from targets.checks import lower_for_target
+    from tpu_export.targets.checks import lower_for_target
 
     js = es_module_snippet(lower_for_target(encoder[2], "web"))
     assert '{"name": "input_ids", "shape": [1, 16], "dtype": "int32"}' in js
@@ -53,8 +53,8 @@ def test_llm_decode_over_the_filled_prefix_in_chromium():
     import torch
     transformers = pytest.importorskip("transformers")
 
-    from converter.llm import KVCacheLM, prepare_lm
-    from edge import convert_program
+    from tpu_export.converter.llm import KVCacheLM, prepare_lm
+    from tpu_export.edge import convert_program
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -9,9 +9,9 @@ import re
 import torch
 import torch.utils._pytree as pytree
 
-import converter
 from tests.numerics import rel_err  # noqa: F401 - re-exported for the TPU tests
 from tests.zoo import ZOO, batch_like
+from tpu_export import converter
 
 __all__ = ["MLP", "mlp_program", "zoo_program", "rel_err", "assert_close_tree"]
 

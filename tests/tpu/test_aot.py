@@ -8,10 +8,9 @@ import logging
 import pytest
 import torch
 
-import converter
-import tpu_backend
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_program, zoo_program
-from tpu_backend.chips import CHIPS
+from tpu_export import converter, tpu_backend
+from tpu_export.tpu_backend.chips import CHIPS
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
@@ -64,7 +63,7 @@ def test_flops_of_an_mlp_match_its_matmuls():
 def test_compiled_artifact_round_trip(bert_bundle, tmp_path, caplog):
     model, args, _ = zoo_program("bert")
     path = bert_bundle.save(tmp_path / "bert.tpuexp.zip")
-    with caplog.at_level(logging.INFO, logger="tpu_backend.runtime"):
+    with caplog.at_level(logging.INFO, logger="tpu_export.tpu_backend.runtime"):
         loaded = tpu_backend.load(path, use_compiled=True)
         out = loaded(*args)
     with torch.no_grad():
@@ -75,7 +74,7 @@ def test_compiled_artifact_round_trip(bert_bundle, tmp_path, caplog):
     # On this CPU host the TPU executables are not usable: it says so once, with the reason.
     msgs = [r.getMessage() for r in caplog.records if "compiling the StableHLO" in r.getMessage()]
     assert len(msgs) == 1 and "tpu-v6e-2x2 is for tpu, this host runs cpu" in msgs[0]
-    from tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.artifact.load import read_artifact
 
     art = read_artifact(path)
     assert {k: v["signatures"]["serving_default"]["cost"]["flops"] for k, v in art.reports().items()} == \
@@ -127,7 +126,7 @@ def test_invalid_topology_lists_the_valid_ones(target, topology, message):
 
 
 def test_topology_names():
-    from tpu_backend.chips import parse_topology
+    from tpu_export.tpu_backend.chips import parse_topology
 
     assert parse_topology("tpu-v6e", "v6e:2x2").libtpu_name == "v6e:2x2"
     assert parse_topology("v7x", "2x2").libtpu_name == "tpu7x:2x2x1"

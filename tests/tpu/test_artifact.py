@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-import converter
-import tpu_backend
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_program
-from tpu_backend.artifact import format as fmt
-from tpu_backend.artifact.container import open_container
-from tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactVersionError, ManifestError
+from tpu_export import converter, tpu_backend
+from tpu_export.tpu_backend.artifact import format as fmt
+from tpu_export.tpu_backend.artifact.container import open_container
+from tpu_export.tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactVersionError, ManifestError
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -80,7 +79,7 @@ def test_weights_file_is_standard_safetensors(bundle, art_dir, tmp_path):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from tpu_backend.artifact.safetensors_io import read_safetensors
+    from tpu_export.tpu_backend.artifact.safetensors_io import read_safetensors
 
     with safe_open(str(art_dir / "weights.safetensors"), framework="pt") as f:
         assert set(f.keys()) == set(bundle.weights)
@@ -96,7 +95,7 @@ def test_weights_file_is_standard_safetensors(bundle, art_dir, tmp_path):
 
 
 def test_save_is_atomic(bundle, tmp_path, monkeypatch):
-    from tpu_backend.artifact import store
+    from tpu_export.tpu_backend.artifact import store
 
     target = tmp_path / "m.tpuexp"
     bundle.save(target)
@@ -323,7 +322,7 @@ def test_resaved_golden_model_records_the_golden_manifest_text(tmp_path):
 
 
 def test_loaded_specs_are_frozen_and_round_trip_their_manifest_entries():
-    from tpu_backend.artifact.specs import ArtifactTensorSpec
+    from tpu_export.tpu_backend.artifact.specs import ArtifactTensorSpec
 
     golden = GOLDEN / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip"
     art = tpu_backend.read_artifact(golden)

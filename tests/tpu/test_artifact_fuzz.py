@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tpu_backend.artifact import format as fmt
+from tpu_export.tpu_backend.artifact import format as fmt
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261130
@@ -48,8 +48,8 @@ START_TIMEOUT = 90.0
 def _base(tmp: Path):
     import jax
 
-    import tpu_backend
     from tests.tpu.artifact_helpers import mlp_inputs, mlp_program
+    from tpu_export import tpu_backend
 
     model, prog = mlp_program()
     bundle = tpu_backend.export_program(prog)
@@ -282,11 +282,11 @@ def _zip_case(base: Path, dst: Path, rng: random.Random) -> dict:
 
 def _child(cases_file: str) -> None:
     """Open each case; one JSON line per case on stdout (START first, so a hang is attributable)."""
-    from tpu_backend.aot import prepare_cpu_host
+    from tpu_export.tpu_backend.aot import prepare_cpu_host
 
     prepare_cpu_host()
-    import tpu_backend
-    from tpu_backend.artifact.errors import ArtifactError
+    from tpu_export import tpu_backend
+    from tpu_export.tpu_backend.artifact.errors import ArtifactError
 
     spec = json.loads(Path(cases_file).read_text())
     ref = spec["ref"]

@@ -27,11 +27,11 @@ from pathlib import Path
 
 import pytest
 
-import tpu_backend
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_inputs, mlp_program
-from tpu_backend.artifact import format as fmt
-from tpu_backend.artifact import read_artifact
-from tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError
+from tpu_export import tpu_backend
+from tpu_export.tpu_backend.artifact import format as fmt
+from tpu_export.tpu_backend.artifact import read_artifact
+from tpu_export.tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError
 
 ROOT = Path(__file__).resolve().parents[2]
 SIG = "signatures/serving_default.jaxexport"

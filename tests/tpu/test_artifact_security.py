@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import tpu_backend
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_inputs, mlp_program
-from tpu_backend.artifact import format as fmt
-from tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError, ManifestError
+from tpu_export import tpu_backend
+from tpu_export.tpu_backend.artifact import format as fmt
+from tpu_export.tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError, ManifestError
 
 FP32_TOL = 1e-5
 SIG = "signatures/serving_default.jaxexport"
@@ -93,7 +93,7 @@ def _plant_cpu_executable(d: Path, platform: str = "cpu") -> None:
     import jax
     import jax.numpy as jnp
 
-    from tpu_backend.artifact.versions import runtime_versions
+    from tpu_export.tpu_backend.artifact.versions import runtime_versions
 
     m = _manifest(d)
     sig = m["signatures"]["serving_default"]
@@ -122,9 +122,9 @@ def _plant_cpu_executable(d: Path, platform: str = "cpu") -> None:
 def test_planted_executable_is_never_run(art, caplog):
     import jax
 
-    from tpu_backend.artifact.compiled import CompiledSignature
-    from tpu_backend.artifact.load import read_artifact
-    from tpu_backend.runtime import TpuProgram
+    from tpu_export.tpu_backend.artifact.compiled import CompiledSignature
+    from tpu_export.tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.runtime import TpuProgram
 
     model, _ = mlp_program()
     args, kwargs = mlp_inputs(4, seed=3)
@@ -142,7 +142,7 @@ def test_planted_executable_is_never_run(art, caplog):
     assert float(trusting(*args, **kwargs)["logits"].flatten()[0]) == 42.0
 
     for opt_in in (False, True):
-        with caplog.at_level(logging.INFO, logger="tpu_backend.runtime"):
+        with caplog.at_level(logging.INFO, logger="tpu_export.tpu_backend.runtime"):
             caplog.clear()
             prog = tpu_backend.load(art, use_compiled=opt_in)
             assert_close_tree(prog(*args, **kwargs), want, FP32_TOL)
@@ -363,7 +363,7 @@ BAD_FIELDS = [  # (where, value, what the message must name): each raised TypeEr
 
 @pytest.mark.parametrize("where, value, names", BAD_FIELDS)
 def test_every_malformed_field_is_a_one_line_manifest_error(art, where, value, names):
-    from tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.artifact.load import read_artifact
 
     m = _manifest(art)
     _set(where)(m, value)
@@ -374,7 +374,7 @@ def test_every_malformed_field_is_a_one_line_manifest_error(art, where, value, n
 
 
 def test_index_bound_is_read_in_format_3_and_refused_before(art):
-    from tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.artifact.load import read_artifact
 
     golden = tpu_backend.read_artifact(GOLDEN / "tiny_mlp_v3.tpuexp.zip")
     assert golden.signatures["serving_default"].inputs[1].index_bound == 4

@@ -9,8 +9,7 @@ import os
 import pytest
 import torch
 
-import converter
-import tpu_backend
+from tpu_export import converter, tpu_backend
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import converter
-import tpu_backend
 from tests.numerics import rel_err
+from tpu_export import converter, tpu_backend
 
 
 class Conv(torch.nn.Module):
@@ -71,7 +70,7 @@ def test_grouped_conv_is_dense_on_tpu(cin, cout, groups, stride, hw):
     slowly); that kernel, run here on PJRT CPU, gives torch's grouped conv; CPU keeps the grouped conv."""
     from jax import lax
 
-    from tpu_backend.lowering.ops_conv import block_diagonal_kernel
+    from tpu_export.tpu_backend.lowering.ops_conv import block_diagonal_kernel
 
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(cin, cout, 3, stride, 1, groups=groups, bias=True).eval()

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import converter
-import tpu_backend
 from tests.numerics import rel_err
+from tpu_export import converter, tpu_backend
 
 
 class WeightNormConv(torch.nn.Module):

@@ -25,7 +25,7 @@ print("ok", c.device_kind, float((got - m(x)).abs().max()))
 
 
 def test_python_api_compile_prints_no_libtpu_errors():
-    from tpu_backend.host import tpu_attached
+    from tpu_export.tpu_backend.host import tpu_attached
 
     if tpu_attached():
         pytest.skip("a TPU host: libtpu finds its chips and is not prepared")

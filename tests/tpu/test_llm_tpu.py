@@ -11,12 +11,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import tpu_backend  # noqa: E402
-from converter.llm import prepare_lm  # noqa: E402
 from tests.numerics import rel_err  # noqa: E402
-from tpu_backend.export import donated_inputs  # noqa: E402
-from tpu_backend.llm import OnDeviceLM, export_lm, lm_report  # noqa: E402
+from tpu_export import tpu_backend  # noqa: E402
+from tpu_export.converter.llm import prepare_lm  # noqa: E402
 from tpu_export.generate import greedy_generate  # noqa: E402
+from tpu_export.tpu_backend.export import donated_inputs  # noqa: E402
+from tpu_export.tpu_backend.llm import OnDeviceLM, export_lm, lm_report  # noqa: E402
 
 CACHE = 64
 NEW = 32
@@ -85,9 +85,9 @@ def test_device_array_of_the_wrong_shape_is_refused(llama):
 def test_decode_kernel_matches_xla_in_interpret_mode(b, hq, hkv, s, d, window, dtype):
     import jax.numpy as jnp
 
-    from tpu_backend.pallas.config import PallasConfig
-    from tpu_backend.pallas.decode_attention import decode_attention
-    from tpu_backend.pallas.sdpa import xla_attention
+    from tpu_export.tpu_backend.pallas.config import PallasConfig
+    from tpu_export.tpu_backend.pallas.decode_attention import decode_attention
+    from tpu_export.tpu_backend.pallas.sdpa import xla_attention
 
     rng = np.random.default_rng(s)
     dt = jnp.dtype(dtype)
@@ -113,9 +113,9 @@ def test_decode_kernel_matches_xla_in_interpret_mode(b, hq, hkv, s, d, window, d
 def test_prefill_kernel_matches_xla_in_interpret_mode(b, hq, hkv, t, s, d, start):
     import jax.numpy as jnp
 
-    from tpu_backend.pallas.config import PallasConfig
-    from tpu_backend.pallas.prefill_attention import prefill_attention
-    from tpu_backend.pallas.sdpa import xla_attention
+    from tpu_export.tpu_backend.pallas.config import PallasConfig
+    from tpu_export.tpu_backend.pallas.prefill_attention import prefill_attention
+    from tpu_export.tpu_backend.pallas.sdpa import xla_attention
 
     rng = np.random.default_rng(t)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in
@@ -129,7 +129,7 @@ def test_prefill_kernel_matches_xla_in_interpret_mode(b, hq, hkv, t, s, d, start
 def test_decode_signature_interpret_matches_xla(llama):
     """The whole decode step with the kernel taking the graph's repeated cache un-repeated (the prefill kernel's
     numbers are the kernel test's above: interpreting both signatures of the model doubles this test's time)."""
-    from tpu_backend.pallas.config import PallasConfig
+    from tpu_export.tpu_backend.pallas.config import PallasConfig
 
     _, prog, spec = llama
     kernel, _ = export_lm(prog, spec, platforms=("cpu",), signatures=["decode"],
@@ -173,7 +173,7 @@ def test_decode_kernel_aot_compiles_for_v6e_and_the_report(llama, tmp_path):
     matmul = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64) + 128 * 64
     assert pre["model_flops"] == 2 * 16 * matmul + 2 * 4 * 4 * 16 * 136
     assert pre["tokens"] == 16 and pre["xla_flops"] > 0 and 0 < pre["mfu_at_roofline"] <= 1
-    from tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.artifact.load import read_artifact
 
     bundle.save(str(tmp_path / "llm.tpuexp"))
     (saved,) = read_artifact(str(tmp_path / "llm.tpuexp")).reports().values()
@@ -186,7 +186,7 @@ def test_report_keeps_unknown_figures_unknown(llama):
     cost = {"flops": {"per_device": 1e6, "per_chip": 1e6}, "bytes_accessed": {"per_device": -1.0, "per_chip": -1.0},
             "optimal_seconds": {"value": -3.0}}
     report = {"chips_used": 1, "signatures": {"decode": {"cost": cost}, "prefill_16": {"cost": cost}}}
-    from tpu_backend.chips import CHIPS
+    from tpu_export.tpu_backend.chips import CHIPS
 
     rep = lm_report(bundle, report, CHIPS["tpu-v6e"])
     assert rep["decode"]["xla"]["bytes_per_token"] == {"value": None, "unknown": "XLA's cost analysis gave bytes "

@@ -20,10 +20,10 @@ import torch
 import torch.utils._pytree as pytree
 from jax import export as jax_export
 
-import converter
 from tests.numerics import rel_err
 from tests.zoo import ZOO, batch_like
-from tpu_backend.lowering import lower_signature
+from tpu_export import converter
+from tpu_export.tpu_backend.lowering import lower_signature
 
 FP32_RTOL = 1e-4
 # bf16 keeps 8 mantissa bits (eps 2**-8); through 10-20 layers of matmuls/convs and norms the

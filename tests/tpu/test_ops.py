@@ -19,10 +19,10 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 from jax import export as jax_export
 
-import converter
 from tests.numerics import rel_err
 from tests.op_rows import ROWS, OpModule, OpRow, row_inputs, rows_by_id
-from tpu_backend.lowering import JAX_LOWERINGS, lower_signature, unsupported
+from tpu_export import converter
+from tpu_export.tpu_backend.lowering import JAX_LOWERINGS, lower_signature, unsupported
 
 # Rows for lowerings the shared table does not reach (argument corners, index scatters, resize
 # modes). Same format and error measure as tests.op_rows.
@@ -299,8 +299,8 @@ def test_unsupported_op_is_reported_before_lowering():
 
 
 def test_registry_refuses_duplicates():
-    from converter.registry import DuplicateLoweringError
-    from tpu_backend.lowering.registry import lowering
+    from tpu_export.converter.registry import DuplicateLoweringError
+    from tpu_export.tpu_backend.lowering.registry import lowering
 
     with pytest.raises(DuplicateLoweringError):
         lowering(torch.ops.aten.add.Tensor)(lambda ctx, x, y, alpha=1: x)
@@ -356,7 +356,7 @@ def test_dynamic_batch(case):
 
 
 def test_kernel_hook_runs_only_with_use_pallas():
-    from tpu_backend.lowering import KERNEL_HOOKS, kernel_hook
+    from tpu_export.tpu_backend.lowering import KERNEL_HOOKS, kernel_hook
 
     aten = torch.ops.aten
     if aten.hypot.default not in KERNEL_HOOKS:  # registration is per process

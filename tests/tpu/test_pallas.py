@@ -22,8 +22,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import converter  # noqa: E402
-from tpu_backend.pallas import (  # noqa: E402
+from tpu_export import converter  # noqa: E402
+from tpu_export.tpu_backend.pallas import (  # noqa: E402
     PallasConfig,
     attention,
     block_sizes,

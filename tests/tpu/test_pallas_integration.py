@@ -16,10 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import converter
-import tpu_backend
 from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
+from tpu_export import converter, tpu_backend
 
 
 def _tpu_kernels(bundle) -> set:
@@ -66,8 +65,8 @@ def test_llama_kernels_compile_for_v6e(llama_bundle):
 
 def test_norm_pattern_is_one_fused_node(llama):
     _, _, prog = llama
-    from tpu_backend.lowering.context import LoweringOptions
-    from tpu_backend.pallas.hooks import norm_pattern_rewrite
+    from tpu_export.tpu_backend.lowering.context import LoweringOptions
+    from tpu_export.tpu_backend.pallas.hooks import norm_pattern_rewrite
 
     sig = prog.signature(None)
     rw = norm_pattern_rewrite(sig, LoweringOptions(use_pallas=True))
@@ -189,8 +188,8 @@ def test_hook_declines_return_not_implemented():
     # The hooks themselves, on a real lowering context: NotImplemented hands the node to the table.
     import jax.numpy as jnp
 
-    from tpu_backend.lowering.context import LoweringContext, LoweringOptions
-    from tpu_backend.pallas.hooks import layer_norm_hook, sdpa_hook
+    from tpu_export.tpu_backend.lowering.context import LoweringContext, LoweringOptions
+    from tpu_export.tpu_backend.pallas.hooks import layer_norm_hook, sdpa_hook
 
     class M(nn.Module):
         def forward(self, q, x):

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import converter
-import tpu_backend
-from tpu_backend.artifact.report import build_report, figures_of, unknown_reason
-from tpu_backend.chips import CHIPS
+from tpu_export import converter, tpu_backend
+from tpu_export.tpu_backend.artifact.report import build_report, figures_of, unknown_reason
+from tpu_export.tpu_backend.chips import CHIPS
 
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
@@ -83,8 +82,8 @@ def test_unknown_xla_figures_are_never_numbers(matvec):
     bundle, c = matvec
     import jax
 
-    from tpu_backend.aot import topology_devices
-    from tpu_backend.chips import parse_topology
+    from tpu_export.tpu_backend.aot import topology_devices
+    from tpu_export.tpu_backend.chips import parse_topology
 
     sig = bundle.signatures["serving_default"]
     dev = topology_devices(parse_topology("tpu-v6e"))[0]

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import converter
-import tpu_backend
 from tests.tpu.artifact_helpers import assert_close_tree, mlp_inputs, mlp_program, rel_err, zoo_program
 from tests.zoo import batch_like
+from tpu_export import converter, tpu_backend
 
 FP32_TOL = 1e-5
 
@@ -91,7 +90,7 @@ def test_stored_executable_is_used_when_it_matches(tmp_path, caplog):
     tpu_backend.compile_on_devices(bundle, jax.devices(), target="cpu", topology="host", dim_values={"batch": 4})
     loaded = bundle.to_program()
     args, kwargs = mlp_inputs(4, seed=5)
-    with caplog.at_level(logging.INFO, logger="tpu_backend.runtime"):
+    with caplog.at_level(logging.INFO, logger="tpu_export.tpu_backend.runtime"):
         assert_close_tree(loaded(*args, **kwargs), model(*args, **kwargs), FP32_TOL)
         assert loaded.uses_stored_executable()
         for b in (3, 5):
@@ -160,7 +159,7 @@ def test_platforms_are_checked(tmp_path):
 
 
 def test_weights_are_memory_mapped(mlp_artifacts):
-    from tpu_backend.artifact.load import read_artifact
+    from tpu_export.tpu_backend.artifact.load import read_artifact
 
     _, bundle, d, z = mlp_artifacts
     for path in (d, z):

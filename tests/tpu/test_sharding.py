@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import tpu_backend
 from tests.tpu.artifact_helpers import mlp_program
+from tpu_export import tpu_backend
 
 MESH = {"data": 2, "model": 2}
 RULES = [

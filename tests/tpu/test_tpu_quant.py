@@ -17,12 +17,11 @@ import pytest
 import torch
 import torch.nn as nn
 
-import converter
-import tpu_backend
 import tpu_export
 from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
-from tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
+from tpu_export import converter, tpu_backend
+from tpu_export.tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
 
 
 def _weights_table(path) -> dict:

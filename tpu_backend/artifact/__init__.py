@@ -13,7 +13,7 @@ Layout::
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "save", "read_artifact", "TpuArtifact", "FORMAT_VERSION", "MIN_READABLE_VERSION",

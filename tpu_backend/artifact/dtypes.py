@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from converter import dtypes as _dt
+from tpu_export.converter import dtypes as _dt
 
 __all__ = ["DTYPE_NAMES", "torch_to_name", "name_to_numpy", "torch_to_numpy_array", "numpy_to_torch"]
 

@@ -22,7 +22,7 @@ import hashlib
 import os
 import re
 
-from converter.errors import one_line
+from tpu_export.converter.errors import one_line
 
 from . import format as fmt
 from .compiled import CompiledSignature, CompiledTarget

@@ -46,7 +46,7 @@ def write_safetensors(f, tensors: dict[str, torch.Tensor], metadata: dict[str, s
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     f.write(struct.pack("<Q", len(raw)))
     f.write(raw)
-    from converter.page_release import release_pages
+    from tpu_export.converter.page_release import release_pages
 
     for t in tensors.values():
         if t.numel():

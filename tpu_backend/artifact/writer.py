@@ -14,8 +14,8 @@ import os
 import shutil
 import zipfile
 
-from converter.atomic import discard, staging_dir, write_file
-from converter.atomic import publish_dir as _publish_dir
+from tpu_export.converter.atomic import discard, staging_dir, write_file
+from tpu_export.converter.atomic import publish_dir as _publish_dir
 
 __all__ = ["StagingDir", "publish_dir", "publish_zip"]
 

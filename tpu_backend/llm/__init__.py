@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = ["export_lm", "OnDeviceLM", "lm_report", "cache_inputs"]
 

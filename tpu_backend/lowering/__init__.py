@@ -11,7 +11,7 @@ either name fills the table first, so a user's registration meets the built-in o
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "lower_signature",

@@ -2,7 +2,7 @@
 OP_FAMILIES, the same split as the edge backend's), which registers its lowerings in JAX_LOWERINGS,
 and re-exports the table with the public registration API (the contract of converter.registry)."""
 
-from converter.registry import import_op_families
+from tpu_export.converter.registry import import_op_families
 
 from .registry import JAX_LOWERINGS, lowering, supported_if
 

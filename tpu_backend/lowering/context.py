@@ -10,8 +10,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from converter.dtypes import NARROW, numpy_of
-from converter.registry import LoweringContextBase
+from tpu_export.converter.dtypes import NARROW, numpy_of
+from tpu_export.converter.registry import LoweringContextBase
 
 from .symbolic_dims import resolve_dim
 

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from converter.program import Program, Signature
-from converter.registry import LoweringError, bind_args
-from converter.support import check_support, unsupported_ops
+from tpu_export.converter.program import Program, Signature
+from tpu_export.converter.registry import LoweringError, bind_args
+from tpu_export.converter.support import check_support, unsupported_ops
 
 from . import all_ops  # noqa: F401  (fills JAX_LOWERINGS)
 from .context import Aval, LoweringContext, LoweringOptions, jnp_dtype

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 from .helpers import cast
 from .registry import lowering, supported_if

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from jax import lax
 
-import converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
+import tpu_export.converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
 
 from .helpers import norm_dim, norm_dims, static_int
 from .registry import lowering

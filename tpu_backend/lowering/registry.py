@@ -7,7 +7,7 @@ the op's schema arguments in schema order (defaults filled, tensors as jax array
 
 from __future__ import annotations
 
-from converter.registry import LoweringRegistry, supported_if
+from tpu_export.converter.registry import LoweringRegistry, supported_if
 
 __all__ = ["JAX_LOWERINGS", "lowering", "supported_if", "KERNEL_HOOKS", "kernel_hook"]
 

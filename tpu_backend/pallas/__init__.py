@@ -18,7 +18,7 @@ matchers import without it.
 
 from __future__ import annotations
 
-from converter.lazy_exports import lazy_getattr
+from tpu_export.converter.lazy_exports import lazy_getattr
 
 __all__ = [
     "PallasConfig",

@@ -18,7 +18,7 @@ import operator
 
 import torch
 
-from converter.registry import arguments
+from tpu_export.converter.registry import arguments
 
 __all__ = ["NormMatch", "match_rms_norm", "match_layer_norm", "find_norm_patterns"]
 

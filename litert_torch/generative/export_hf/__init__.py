@@ -1,10 +1,10 @@
 """litert_torch.generative.export_hf: an LLM (model directory or object) to a .litertlm bundle, with litert-torch
 0.10's names. Both spellings its users write work:
 
-    from litert_torch.generative import export_hf
+    from tpu_export.litert_torch.generative import export_hf
     export_hf.export(model="path/to/hf_dir", output_dir="out", prefill_lengths=[32], cache_length=1024)
 
-    from litert_torch.generative.export_hf import export   # litert-torch 0.10: ``export`` is a module there
+    from tpu_export.litert_torch.generative.export_hf import export   # litert-torch 0.10: ``export`` is a module there
     export.export(model="path/to/hf_dir", output_dir="out")
 """
 

@@ -1,7 +1,7 @@
 """``export`` with litert-torch 0.10's ``litert_torch.generative.export_hf`` argument names, over tpu-export's one
 capture (targets/lm.py): a causal LM -> ``output_dir/model.litertlm`` for the LiteRT-LM engine.
 
-    from litert_torch.generative import export_hf
+    from tpu_export.litert_torch.generative import export_hf
     export_hf.export(model="path/to/hf_dir", output_dir="out", prefill_lengths=[32], cache_length=1024,
                      quantization_recipe="dynamic_wi8_afp32")
 
@@ -133,10 +133,10 @@ def _scheme(recipe):
 
 
 def _export(model, tokenizer, output_dir, lengths, cache, scheme, *, keep_tflite, bundle, template) -> str:
-    from converter.atomic import write_file
-    from targets import get_target, options_for
-    from targets.lm import Stages, capture_lm, edge_lm_bytes, write_litertlm_bundle
-    from targets.lm_source import load_lm_source
+    from tpu_export.converter.atomic import write_file
+    from tpu_export.targets import get_target, options_for
+    from tpu_export.targets.lm import Stages, capture_lm, edge_lm_bytes, write_litertlm_bundle
+    from tpu_export.targets.lm_source import load_lm_source
 
     target = get_target("android")
     opts = options_for(target, {"quant_config": scheme})  # the scheme checked before any work
