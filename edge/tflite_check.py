@@ -11,8 +11,9 @@ milliseconds. Anything wrong raises ``TfliteFormatError``: one line, the file, w
 from __future__ import annotations
 
 import os
-import stat
 import struct
+
+from tpu_export.converter.untrusted import UntrustedFileError, open_regular
 
 __all__ = ["TfliteFormatError", "check_tflite", "read_tflite", "map_tflite"]
 
@@ -134,20 +135,18 @@ def read_tflite(path, *, check: bool = True) -> bytes:
 
 
 def _open_regular(path: str):
+    """(binary file, size) of the regular file at ``path``, by converter/untrusted.py's rule (non-blocking
+    open, fstat, the size cap before a byte is read), refused as a TfliteFormatError."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise TfliteFormatError(f"{path}: cannot open the .tflite ({e.strerror or e})") from None
-    f = os.fdopen(fd, "rb")
-    st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-        f.close()
-        raise TfliteFormatError(f"{path}: not a regular file (a FIFO, device or socket); a .tflite is read "
-                                "only from a plain file")
-    if st.st_size > _MAX_FILE:
-        f.close()
-        raise TfliteFormatError(f"{path}: {st.st_size} bytes is larger than any .tflite this tool reads")
-    return f, st.st_size
+        fd, size = open_regular(path, what="the .tflite", max_bytes=_MAX_FILE)
+    except UntrustedFileError as e:
+        if e.reason == "not_regular":
+            raise TfliteFormatError(f"{path}: not a regular file (a FIFO, device or socket); a .tflite is read "
+                                    "only from a plain file") from None
+        if e.reason == "too_large":
+            raise TfliteFormatError(f"{path}: larger than any .tflite this tool reads ({_MAX_FILE} bytes)") from None
+        raise TfliteFormatError(f"{path}: {e.problem}") from None
+    return os.fdopen(fd, "rb"), size
 
 
 def map_tflite(path, *, check: bool = False):

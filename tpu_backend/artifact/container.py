@@ -12,17 +12,20 @@ An artifact may come from anyone, so a container trusts nothing in it:
 - a read never returns more than the size the caller expects: it reads at most one byte more,
   to see that the file grew, so memory is bounded by the manifest's sizes.
 
-Zip entries are never extracted to disk, so entry names cannot escape anywhere.
+Zip entries are never extracted to disk, so entry names cannot escape anywhere. The file rule itself
+(O_NOFOLLOW per component, non-blocking opens, bounded reads) is converter/untrusted.py's; this module words
+its refusals for an artifact.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
 import struct
 import zipfile
+
+from tpu_export.converter.untrusted import Folder, UntrustedFileError, kind_of, open_regular, read_exact
 
 from .errors import ArtifactCorruptError, ArtifactError
 
@@ -31,12 +34,7 @@ __all__ = ["open_container", "DirContainer", "ZipContainer"]
 _CHUNK = 1 << 20
 _MAX_ENTRIES = 10_000  # a real artifact holds a handful of files per signature and target
 _MAX_DEPTH = 8  # directory levels inside an artifact (the writer makes two)
-_KINDS = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+_kind = kind_of
 
 
 def open_container(path):
@@ -56,18 +54,14 @@ def open_container(path):
 
 def _read_fd(fd: int, size: int, what: str) -> bytes:
     """Exactly ``size`` bytes from ``fd``; one byte more is read only to see that it grew."""
-    parts, left = [], size + 1
-    while left:
-        b = os.read(fd, min(left, _CHUNK))
-        if not b:
-            break
-        parts.append(b)
-        left -= len(b)
-    data = b"".join(parts)
-    if len(data) != size:
-        raise ArtifactCorruptError(f"{what}: read {len(data)}{'+' if len(data) > size else ''} bytes, the "
-                                   f"manifest records {size}: truncated or changed while being read")
-    return data
+    try:
+        return read_exact(fd, size, what)
+    except UntrustedFileError as e:
+        if e.reason != "changed":
+            raise ArtifactError(f"{what}: {e.problem}") from None
+        got = f"{e.got}{'+' if e.got > size else ''}"
+        raise ArtifactCorruptError(f"{what}: read {got} bytes, the manifest records {size}: truncated or changed "
+                                   "while being read") from None
 
 
 class DirContainer:
@@ -76,9 +70,10 @@ class DirContainer:
         # Every later open is relative to this descriptor with O_NOFOLLOW at each step, so a
         # file swapped for a symlink after the listing is still never followed.
         try:
-            self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as e:
-            raise ArtifactError(f"{root}: cannot read it ({e.strerror})") from None
+            self.folder = Folder(root)
+        except UntrustedFileError as e:
+            raise ArtifactError(f"{root}: cannot read it ({e.problem})") from None
+        self.fd = self.folder.fd
 
     def _bad(self, rel: str, mode: int) -> ArtifactCorruptError:
         return ArtifactCorruptError(f"{self.root}: {rel} is {_kind(mode)}; an artifact holds only regular "
@@ -119,27 +114,14 @@ class DirContainer:
         return self._open(rel, os.O_DIRECTORY)
 
     def _open(self, rel: str, flags: int = 0) -> int:
-        parts = rel.split("/")
-        dfd = self.fd
+        # O_NONBLOCK (the shared rule): opening a FIFO never waits for a writer (it is refused just after);
+        # no symlink is followed, even one that stays inside: an artifact holds only what its writer wrote
         try:
-            for i, part in enumerate(parts):
-                last = i == len(parts) - 1
-                # O_NONBLOCK: opening a FIFO never waits for a writer (it is refused just after)
-                f = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (flags if last else os.O_DIRECTORY)
-                try:
-                    fd = os.open(part, f, dir_fd=dfd)
-                except OSError as e:
-                    why = "it is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
-                    raise ArtifactCorruptError(f"{self.root}: {rel}: cannot open it ({why}); an artifact holds "
-                                               "only regular files") from None
-                if dfd != self.fd:
-                    os.close(dfd)
-                dfd = fd
-            return dfd
-        except BaseException:
-            if dfd != self.fd:
-                os.close(dfd)
-            raise
+            return self.folder.open_path(rel, flags, follow_inside=False)
+        except UntrustedFileError as e:
+            why = "it is a symlink" if e.reason == "symlink" else e.problem
+            raise ArtifactCorruptError(f"{self.root}: {rel}: cannot open it ({why}); an artifact holds "
+                                       "only regular files") from None
 
     def _open_file(self, rel: str, size: int) -> int:
         fd = self._open(rel)
@@ -192,25 +174,21 @@ class DirContainer:
         return os.path.join(self.root, rel), 0, st.st_size
 
     def close(self):
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self.folder.close()
+        self.fd = None
 
 
 class ZipContainer:
     def __init__(self, path: str):
         self.path = path
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        except OSError as e:
-            raise ArtifactError(f"{path}: cannot read it ({e.strerror})") from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped since open_container looked
-            os.close(fd)
-            raise ArtifactCorruptError(f"{path}: is {_kind(st.st_mode)}, not a .zip file")
-        os.set_blocking(fd, True)
+            fd, size = open_regular(path, what="the zip")
+        except UntrustedFileError as e:
+            if e.reason == "not_regular":  # swapped since open_container looked
+                raise ArtifactCorruptError(f"{path}: is {_kind(e.mode)}, not a .zip file") from None
+            raise ArtifactError(f"{path}: cannot read it ({e.problem})") from None
         self.file = os.fdopen(fd, "rb")
-        self.size = st.st_size
+        self.size = size
         try:
             self.zf = zipfile.ZipFile(self.file)
             infos = self.zf.infolist()
