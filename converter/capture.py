@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from ._torch_compat import is_export_user_error, module_children, replace_module_children
 from .errors import ExportFailedError
 
 __all__ = ["capture", "explain_export_error"]
@@ -123,9 +124,7 @@ def _quiet_torch_logs():
 
 
 def _is_user_error(e: BaseException) -> bool:
-    from torch._dynamo.exc import UserError
-
-    return isinstance(e, (UserError, TypeError))
+    return is_export_user_error(e) or isinstance(e, TypeError)
 
 
 def _eval_copy(module):
@@ -140,7 +139,8 @@ def _eval_copy(module):
         m.__dict__.update(module.__dict__)
     else:
         m = copy.copy(module)  # shallow: shares parameters; only the training flags differ
-    m.__dict__["_modules"] = {k: _eval_copy(v) if v is not None else None for k, v in module._modules.items()}
+    children = module_children(module)
+    replace_module_children(m, {k: _eval_copy(v) if v is not None else None for k, v in children.items()})
     m.training = False
     return m
 

@@ -7,12 +7,19 @@ A backend that is handed a kept op it does not lower decomposes that op itself w
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 
 import torch
-from torch.fx.experimental.proxy_tensor import make_fx
+
+from ._torch_compat import (
+    core_aten_decompositions,
+    detect_fake_mode,
+    skip_graph_codegen,
+    trace_with_decompositions,
+    tree_flatten,
+    tree_unflatten,
+)
 
 __all__ = ["KEEP_WHOLE", "decomposition_table", "decompose", "decompose_nodes"]
 
@@ -74,11 +81,7 @@ def _plain_table(keep: frozenset) -> dict:
     # public table (default_decompositions) enumerates and wraps every CIA op of every namespace on
     # first read: 0.06-0.08 s of a conversion, for entries never looked up. The private builder it
     # starts from is the ATen part alone; if a torch release drops it, the public table still works.
-    try:
-        from torch._decomp import _core_aten_decompositions_post_autograd as core_aten
-    except ImportError:
-        core_aten = torch.export.default_decompositions
-    table = dict(core_aten())
+    table = core_aten_decompositions()
     for op in keep:
         table.pop(op, None)
     return table
@@ -93,7 +96,7 @@ def decomposition_of(op, table: dict):
 def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
     """``fn`` (a decomposition of ``node``'s op) traced on the node's fake values with ``table``
     for what it calls: (the subgraph, the graph nodes its placeholders stand for, in order)."""
-    flat, spec = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+    flat, spec = tree_flatten((node.args, node.kwargs))
     pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
     fakes = [flat[i].meta["val"] for i in pos]
 
@@ -101,22 +104,14 @@ def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
         leaves = list(flat)
         for i, v in zip(pos, vals):
             leaves[i] = v
-        a, k = torch.utils._pytree.tree_unflatten(leaves, spec)
+        a, k = tree_unflatten(leaves, spec)
         return fn(*a, **k)
 
-    with fake_mode or torch._guards.detect_fake_mode(fakes), _lazy_code():
-        sub = make_fx(run, decomposition_table=table, tracing_mode="real")(*fakes)
+    # the subgraph is only read and spliced, never called: no Python code is generated for it
+    # (~1 ms a trace; swin traces 17)
+    with fake_mode or detect_fake_mode(fakes), skip_graph_codegen():
+        sub = trace_with_decompositions(run, table, *fakes)
     return sub, [flat[i] for i in pos]
-
-
-def _lazy_code():
-    # The subgraph is only read and spliced, never called: skip generating its Python code
-    # (~1 ms a trace; swin traces 17).
-    try:
-        from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    except ImportError:
-        return contextlib.nullcontext()
-    return _use_lazy_graph_module(True)
 
 
 def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:

@@ -32,8 +32,9 @@ def gc_paused():
     froze = False
     try:
         if was_enabled and gc.get_freeze_count() == 0:
-            import torch.export._trace  # noqa: F401 - the tracer, imported once per process
+            from ._torch_compat import preload_export_tracer
 
+            preload_export_tracer()  # imported once per process, so it is frozen with the rest
             gc.freeze()
             froze = True
         yield

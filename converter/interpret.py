@@ -9,8 +9,8 @@ int32 argument is retried with it widened back to int64.
 from __future__ import annotations
 
 import torch
-import torch.utils._pytree as pytree
 
+from ._torch_compat import tree_map
 from .dtypes import NARROW
 
 __all__ = ["narrowed", "call_narrowed", "NarrowingInterpreter"]
@@ -24,7 +24,7 @@ def _narrow(v):
 
 def narrowed(tree):
     """``tree`` (a value or a pytree of values) with its 64-bit tensors narrowed under the policy."""
-    return pytree.tree_map(_narrow, tree)
+    return tree_map(_narrow, tree)
 
 
 def _widen(v):
@@ -37,7 +37,7 @@ def call_narrowed(target, args, kwargs):
     try:
         out = target(*args, **kwargs)
     except (RuntimeError, TypeError, IndexError) as first:
-        wa, wk = pytree.tree_map(_widen, (args, kwargs))
+        wa, wk = tree_map(_widen, (args, kwargs))
         try:
             out = target(*wa, **wk)
         except Exception:  # noqa: BLE001

@@ -19,8 +19,8 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
+from ._torch_compat import detect_fake_mode, free_unbacked_symbols, is_op_overload, op_schema, tree_leaves
 from .decompositions import decomposition_of, splice_subgraph, trace_decomposition
 from .registry import LoweringError, arguments
 
@@ -38,7 +38,7 @@ _SYMBOLIC_ARITHMETIC = {operator.getitem, operator.add, operator.sub, operator.m
                         operator.truediv, operator.mod, operator.neg, operator.eq, operator.ne, operator.lt,
                         operator.le, operator.gt, operator.ge, torch.sym_max, torch.sym_min, torch.sym_not,
                         torch.sym_float, torch.sym_int, torch.sym_sqrt}
-_CIA = torch._C.DispatchKey.CompositeImplicitAutograd
+_CIA = "CompositeImplicitAutograd"  # the dispatch key, by the name the public has_kernel_for_dispatch_key takes
 # Shape/metadata checks that torch.export's own decomposition drops as well.
 _DROP = {aten._assert_tensor_metadata.default}
 _DROPOUT = {aten.dropout.default, aten.dropout_.default, aten.feature_dropout.default, aten.feature_dropout_.default,
@@ -174,12 +174,12 @@ def decompose_in_place(ep: torch.export.ExportedProgram, table: dict, keep) -> i
             raise NeedsFullRetrace("higher-order op subgraph")
     cache: dict = {}
     replaced = 0
-    fake_mode = torch._guards.detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.nodes if n.op == "placeholder"])
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target in _SYMBOLIC_ARITHMETIC:
             continue
         op = node.target
-        if not isinstance(op, torch._ops.OpOverload):
+        if not is_op_overload(op):
             raise NeedsFullRetrace(f"non-ATen call {op}")
         if op in _DROP:
             if node.users:
@@ -190,7 +190,7 @@ def decompose_in_place(ep: torch.export.ExportedProgram, table: dict, keep) -> i
             node.replace_all_uses_with(node.args[0])
             graph.erase_node(node)
             continue
-        if op._schema.is_mutable:
+        if op_schema(op).is_mutable:
             node = _functionalize(graph, node)
             op = node.target
         # The same rule as run_decompositions: an op in the table, or a composite op not kept whole.
@@ -215,14 +215,14 @@ def _aliases(node) -> bool:
     if node.op != "call_function":
         return True  # a graph input (writing it would be a mutation) or anything unusual
     op = node.target
-    if not isinstance(op, torch._ops.OpOverload):
+    if not is_op_overload(op):
         return node.target is not operator.getitem
-    return any(r.alias_info is not None for r in op._schema.returns)
+    return any(r.alias_info is not None for r in op_schema(op).returns)
 
 
 def _functionalize(graph, node):
     op = node.target
-    schema = op._schema
+    schema = op_schema(op)
     name = schema.name.split("::")[1]
     args = schema.arguments
     # Only the plain in-place form: `op_(Tensor(a!) self, ...) -> Tensor(a!)`, writing nothing else.
@@ -230,8 +230,8 @@ def _functionalize(graph, node):
             or any(a.alias_info is not None and a.alias_info.is_write for a in args[1:])):
         raise NeedsFullRetrace(f"mutating op {op}")
     packet = getattr(torch.ops.aten, name[:-1], None)
-    functional = getattr(packet, op._overloadname, None) if packet is not None else None
-    if functional is None or functional._schema.is_mutable:
+    functional = getattr(packet, schema.overload_name or "default", None) if packet is not None else None
+    if functional is None or op_schema(functional).is_mutable:
         raise NeedsFullRetrace(f"no functional form of {op}")
     target = node.args[0]
     if not isinstance(target, torch.fx.Node) or _aliases(target):
@@ -267,7 +267,7 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
     key = (op, _meta_key((node.args, node.kwargs)))
     sub = cache.get(key)
     if sub is not None:  # same op on same-looking arguments: the trace's placeholders take this node's inputs
-        inputs = [a for a in torch.utils._pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
+        inputs = [a for a in tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node)]
     else:
         if not all(isinstance(n.meta.get("val"), (torch.Tensor, torch.SymInt)) for n in node.all_input_nodes):
             raise NeedsFullRetrace(f"{op} takes a non-tensor node")  # SymInt: a dynamic size
@@ -278,7 +278,7 @@ def _replace_with_decomposition(gm, node, table, cache, fake_mode):
         for n in list(sub.graph.nodes):
             if n.op == "get_attr":
                 raise NeedsFullRetrace(f"the decomposition of {op} holds a constant")
-            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+            if n.op == "call_function" and is_op_overload(n.target) and op_schema(n.target).is_mutable:
                 _functionalize(sub.graph, n)  # e.g. adaptive_avg_pool2d restrides its fresh output in place
         cache[key] = sub
     outs = next(n for n in sub.graph.nodes if n.op == "output").args[0]

@@ -7,8 +7,8 @@ import hashlib
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
+from ._torch_compat import tree_flatten, tree_flatten_with_path, tree_leaves, tree_unflatten
 from .errors import ConversionError, UnsupportedOutputError, source_line
 from .index_bounds import index_bounds
 
@@ -53,11 +53,11 @@ class Signature:
         return [n for n in self.graph.nodes if n.op == "placeholder" and "weight_name" not in n.meta]
 
     def output_nodes(self) -> list:
-        return list(pytree.tree_leaves(next(n for n in self.graph.nodes if n.op == "output").args[0]))
+        return list(tree_leaves(next(n for n in self.graph.nodes if n.op == "output").args[0]))
 
     def flatten_inputs(self, args=(), kwargs=None) -> list:
         """User args/kwargs -> the flat list of tensors in ``inputs`` order."""
-        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs or {})))
+        flat, spec = tree_flatten((tuple(args), dict(kwargs or {})))
         if spec != self.in_spec and len(flat) != len(self.inputs):
             raise TypeError(
                 f"signature {self.name!r} takes inputs {[i.name for i in self.inputs]}; got {len(flat)} values"
@@ -65,7 +65,7 @@ class Signature:
         return flat
 
     def unflatten_outputs(self, flat: list):
-        return pytree.tree_unflatten(list(flat), self.out_spec)
+        return tree_unflatten(list(flat), self.out_spec)
 
     def op_histogram(self) -> dict[str, int]:
         from .registry import op_name
@@ -154,8 +154,8 @@ def dim_of(d, sym_names: dict[str, str]):
 
 
 def _output_names(out_spec, n: int) -> list[str]:
-    dummy = pytree.tree_unflatten(list(range(n)), out_spec)
-    leaves = pytree.tree_flatten_with_path(dummy)[0]
+    dummy = tree_unflatten(list(range(n)), out_spec)
+    leaves = tree_flatten_with_path(dummy)[0]
     names = []
     top_is_dict = isinstance(dummy, dict)
     for path, _ in leaves:

@@ -24,6 +24,7 @@ import json
 import re
 import zipfile
 
+from ._torch_compat import deserialize_program, payload_config, serde_sym_ops, tensor_layout
 from .errors import ExportFailedError, one_line
 
 __all__ = ["load_pt2"]
@@ -138,17 +139,8 @@ def _json(path, zf, files, name):
 def _tensors(path, zf, files, folder, kind, config_name) -> dict:
     """Weights (or constants) from their raw entries, as torch's own _load_state_dict builds them."""
     import torch
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import (
-        _dict_to_dataclass,
-        deserialize_device,
-        deserialize_scalar_type,
-        deserialize_size,
-        deserialize_storage_offset,
-        deserialize_stride,
-    )
 
-    config = _dict_to_dataclass(schema.PayloadConfig, _json(path, zf, files, config_name))
+    config = payload_config(_json(path, zf, files, config_name))
     storages: dict[str, torch.Tensor] = {}  # one flat tensor per entry: aliases share it, as in torch
     out = {}
     for fqn, meta in config.config.items():
@@ -165,26 +157,24 @@ def _tensors(path, zf, files, folder, kind, config_name) -> dict:
         if tm is None or "/" in entry or f"{folder}{entry}" not in files:
             raise ExportFailedError(f"{path}: corrupt .pt2: {kind} '{fqn}' has no tensor data "
                                     f"({folder}{entry}). {_FIX}")
-        dtype, device = deserialize_scalar_type(tm.dtype), deserialize_device(tm.device)
+        layout = tensor_layout(tm)
+        dtype, device = layout.dtype, layout.device
         if entry not in storages:
             data = bytearray(zf.read(files[f"{folder}{entry}"]))
-            if len(data) % torch._utils._element_size(dtype):
+            if len(data) % dtype.itemsize:
                 raise ExportFailedError(f"{path}: corrupt .pt2: {folder}{entry} holds {len(data)} bytes, not a whole "
                                         f"number of {dtype} elements. {_FIX}")
             # an empty entry stands for zeros of the meta's size, as torch's _build_file_map reads it
-            flat = torch.frombuffer(data, dtype=dtype) if data else torch.zeros(deserialize_size(tm.sizes), dtype=dtype)
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.zeros(layout.size, dtype=dtype)
             storages[entry] = flat if device.type == "cpu" else flat.to(device)
-        t = torch.as_strided(storages[entry], deserialize_size(tm.sizes), deserialize_stride(tm.strides),
-                             deserialize_storage_offset(tm.storage_offset))
+        t = torch.as_strided(storages[entry], layout.size, layout.stride, layout.storage_offset)
         out[fqn] = torch.nn.Parameter(t, requires_grad=tm.requires_grad) if meta.is_param else t
     return out
 
 
 def _check_graph_json(path: str, raw) -> None:
     """Refuse shape expressions that are not plain formulas and node targets outside torch's ops."""
-    from torch._export.serde.serialize import _SYM_OPS
-
-    sym_ops = {f"{op.__module__}.{op.__name__}" for op in _SYM_OPS} | {"_operator.getitem"}
+    sym_ops = {f"{op.__module__}.{op.__name__}" for op in serde_sym_ops()} | {"_operator.getitem"}
     stack = [raw]
     while stack:
         v = stack.pop()
@@ -282,12 +272,8 @@ def _small_exponent(node) -> bool:
 
 
 def _deserialize(path, raw, weights, constants):
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import ExportedProgramDeserializer, _dict_to_dataclass
-
     try:
-        serialized = _dict_to_dataclass(schema.ExportedProgram, raw)
-        # b"": no sample inputs; torch would unpickle data/sample_inputs, which is never read here
-        return ExportedProgramDeserializer().deserialize(serialized, weights, constants, b"")
+        # no sample inputs: torch would unpickle data/sample_inputs, which is never read here
+        return deserialize_program(raw, weights, constants)
     except Exception as e:  # noqa: BLE001 - torch's deserializer errors are many kinds; one line for all
         raise ExportFailedError(f"{path}: not a readable torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e

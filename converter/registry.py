@@ -37,6 +37,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from ._torch_compat import is_op_overload, op_schema
 from .errors import ConversionError, source_line
 
 __all__ = ["LoweringRegistry", "DuplicateLoweringError", "LoweringError", "LoweringContextBase", "supported_if",
@@ -58,9 +59,10 @@ class LoweringError(ConversionError):
 
 def op_name(target) -> str:
     """'aten.add.Tensor' for an OpOverload; the callable's name for Python operators."""
-    if hasattr(target, "_overloadname") and hasattr(target, "_schema"):  # an OpOverload
-        ns, op = target._schema.name.split("::", 1)  # 'aten::add' (no overload suffix)
-        return f"{ns}.{op}.{target._overloadname or 'default'}"
+    if is_op_overload(target):
+        schema = op_schema(target)
+        ns, op = schema.name.split("::", 1)  # 'aten::add' (no overload suffix)
+        return f"{ns}.{op}.{schema.overload_name or 'default'}"
     return f"{getattr(target, '__module__', '')}.{getattr(target, '__name__', repr(target))}".lstrip(".")
 
 
@@ -89,7 +91,7 @@ _SPECS: dict = {}
 def _spec(target):
     spec = _SPECS.get(target)
     if spec is None:
-        schema = getattr(target, "_schema", None)
+        schema = op_schema(target)
         if schema is None:  # a Python operator on SymInts (operator.mul, torch.sym_max, getitem)
             spec = ()
         else:

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from tpu_export.converter._torch_compat import treespec_dumps
 from tpu_export.converter.decompositions import KEEP_WHOLE, decompose_nodes
 from tpu_export.converter.support import check_support
 
@@ -78,8 +79,6 @@ def _channel_last_io(to_channel_last_io, name) -> tuple:
 
 def _structure(prog, to_channel_last_io=None) -> bytes:
     """Per signature: input/output names, pytree specs and the input specs the Model checks calls against."""
-    from torch.utils._pytree import treespec_dumps
-
     out = {}
     for name, sig in prog.signatures.items():
         entry = {"inputs": [s.name for s in sig.inputs], "outputs": [s.name for s in sig.outputs]}

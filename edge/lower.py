@@ -13,6 +13,7 @@ import operator
 import numpy as np
 import torch
 
+from tpu_export.converter._torch_compat import is_op_overload, tree_map
 from tpu_export.converter.passes.fold_constants import NEVER_FOLD, fold_fits
 from tpu_export.converter.registry import LoweringContextBase, bind_args, unbind_args
 
@@ -417,7 +418,7 @@ def _leaves(x) -> list:
 
 def _try_fold(lw, node, args):
     """Evaluate a node whose inputs are all constants, when the result stays small."""
-    if not isinstance(node.target, torch._ops.OpOverload) or any(k in node.target._name for k in NEVER_FOLD):
+    if not is_op_overload(node.target) or any(k in node.target.name() for k in NEVER_FOLD):
         return None
     leaves = _leaves(args)
     if any(isinstance(a, SymVal) for a in leaves):
@@ -435,7 +436,7 @@ def _try_fold(lw, node, args):
         return None
     from tpu_export.converter.interpret import call_narrowed
 
-    targs, tkw = torch.utils._pytree.tree_map(
+    targs, tkw = tree_map(
         lambda a: torch.from_numpy(np.array(a.const)) if isinstance(a, Val) else a, unbind_args(node.target, args))
     try:
         with torch.no_grad():

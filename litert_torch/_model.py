@@ -7,8 +7,8 @@ import threading
 
 import numpy as np
 import torch
-import torch.utils._pytree as pytree
 
+from tpu_export.converter._torch_compat import tree_unflatten
 from tpu_export.converter.errors import one_line
 from tpu_export.converter.input_check import check_inputs
 
@@ -122,7 +122,7 @@ class Model:
         spec = sig.get("out_spec")
         if spec is None:
             return leaves[0] if len(leaves) == 1 else tuple(leaves)
-        return pytree.tree_unflatten(leaves, spec)
+        return tree_unflatten(leaves, spec)
 
     def _runner(self, name):
         """The signature's runner on the Model's one interpreter; call it holding ``self._lock``."""

@@ -13,8 +13,8 @@ import functools
 import json
 
 import numpy as np
-import torch.utils._pytree as pytree
 
+from tpu_export.converter._torch_compat import tree_flatten, treespec_loads
 from tpu_export.converter.input_check import bind_inputs, to_numpy
 
 __all__ = ["read_signatures", "bind", "quantize_floats"]
@@ -55,7 +55,7 @@ def read_signatures(data: bytes) -> dict:
         for k in ("in_spec", "out_spec"):
             if k in extra:
                 try:
-                    entry[k] = pytree.treespec_loads(extra[k])
+                    entry[k] = treespec_loads(extra[k])
                 except Exception:  # noqa: BLE001 - unknown node types: flat names instead
                     pass
         entry["keywords"] = _keywords(entry["in_spec"]) if "in_spec" in entry else []
@@ -109,7 +109,7 @@ def bind(sig_name: str, entry: dict, args, kwargs) -> list:
 def _flatten(spec, keywords, args, kwargs) -> list:
     if set(kwargs) == set(keywords):  # the exported key order, whatever order the call used
         kwargs = {k: kwargs[k] for k in keywords}
-    leaves, got = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    leaves, got = tree_flatten((tuple(args), dict(kwargs)))
     if got != spec:
         raise TypeError(f"not the {spec.num_leaves} tensors in the structure the model was exported with")
     return leaves

@@ -7,7 +7,8 @@ import sys
 import time
 
 import torch
-import torch.utils._pytree as pytree
+
+from tpu_export.converter._torch_compat import tree_leaves
 
 from .demo_models import DEMO_MODELS
 
@@ -18,7 +19,7 @@ DEFAULT_TARGETS = ("tpu-v6e", "android")
 
 def max_rel_err(got, want) -> float:
     worst = 0.0
-    for g, w in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+    for g, w in zip(tree_leaves(got), tree_leaves(want)):
         g, w = torch.as_tensor(g).double(), torch.as_tensor(w).double()
         worst = max(worst, ((g - w).abs().max() / w.abs().max().clamp_min(1e-6)).item())
     return worst

@@ -68,9 +68,11 @@ def core_ops():
     """[(name, OpOverload, exclusion reason or None)] for every core ATen overload of this torch."""
     import torch
 
+    from tpu_export.converter._torch_compat import op_schema, registered_op_names
+
     # every registered aten schema (dir(torch.ops.aten) lists only the packets touched so far,
     # which differs from process to process)
-    packets = {n[len("aten::"):].split(".")[0] for n in torch._C._dispatch_get_all_op_names() if n.startswith("aten::")}
+    packets = {n[len("aten::"):].split(".")[0] for n in registered_op_names() if n.startswith("aten::")}
     rows = []
     for packet in sorted(packets | set(dir(torch.ops.aten))):
         try:
@@ -82,7 +84,7 @@ def core_ops():
         for ov in pk.overloads():
             op = getattr(pk, ov)
             if torch.Tag.core in op.tags:
-                rows.append((f"aten.{packet}.{ov}", op, excluded_reason(packet, ov, op._schema)))
+                rows.append((f"aten.{packet}.{ov}", op, excluded_reason(packet, ov, op_schema(op))))
     return sorted(rows, key=lambda r: r[0])
 
 
@@ -92,13 +94,12 @@ def inference_core_ops():
 
 def _registries():
     """backend -> set of ATen overloads it lowers."""
-    import torch
-
+    from tpu_export.converter._torch_compat import is_op_overload
     from tpu_export.edge import EDGE  # the filled tables: importing them registers every lowering
     from tpu_export.edge.lower import SYM_OPS  # shape queries the edge driver evaluates itself
     from tpu_export.tpu_backend.lowering import JAX_LOWERINGS
 
-    edge = set(EDGE.targets()) | {op for op in SYM_OPS if isinstance(op, torch._ops.OpOverload)}
+    edge = set(EDGE.targets()) | {op for op in SYM_OPS if is_op_overload(op)}
     return {"tpu": set(JAX_LOWERINGS.targets()), "edge": edge}
 
 

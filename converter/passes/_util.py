@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from .._torch_compat import detect_fake_mode, new_fake_mode
 from ..program import Program, Signature
 
 
 def fake_mode_of(sig: Signature):
     vals = [n.meta["val"] for n in sig.graph.nodes if n.op == "placeholder" and "val" in n.meta]
-    mode = torch._guards.detect_fake_mode(vals)
-    if mode is None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode()
-    return mode
+    mode = detect_fake_mode(vals)
+    return new_fake_mode() if mode is None else mode
 
 
 def add_weight(prog: Program, sig: Signature, name: str, tensor: torch.Tensor) -> torch.fx.Node:

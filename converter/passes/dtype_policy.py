@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from .._torch_compat import tree_leaves
 from ..dtypes import NARROW
 from ..errors import DtypePolicyError, source_line
 from ..interpret import NarrowingInterpreter, narrowed
@@ -44,7 +45,7 @@ def apply_dtype_policy(prog: Program) -> None:
             if n.op != "call_function":
                 continue
             val = n.meta.get("val")
-            leaves = [v for v in torch.utils._pytree.tree_leaves(val) if isinstance(v, torch.Tensor)]
+            leaves = [v for v in tree_leaves(val) if isinstance(v, torch.Tensor)]
             out_is_64 = any(v.dtype in NARROW for v in leaves)  # tuples too: topk/sort/max.dim indices
             if "dtype" in n.kwargs and n.kwargs["dtype"] in NARROW:
                 n.kwargs = {**n.kwargs, "dtype": _narrow_dtype(n.kwargs["dtype"])}
@@ -52,7 +53,7 @@ def apply_dtype_policy(prog: Program) -> None:
             if out_is_64:
                 retyped.add(n)
                 if any(v.dtype == torch.int64 for v in leaves):
-                    for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs)):
+                    for a in tree_leaves((n.args, n.kwargs)):
                         if isinstance(a, int) and not isinstance(a, bool) and not (_I32[0] <= a <= _I32[1]):
                             raise DtypePolicyError(
                                 f"{op_name(n.target)} uses the int64 constant {a}, which does not fit int32, "
@@ -117,7 +118,7 @@ def _narrowing_keeps_shape(n, old) -> bool:
     alike, so type promotion over narrowed inputs gives the narrowed result. Re-running the op instead would
     also re-evaluate its shape checks, and a check on a dynamic dim (max_pool2d_with_indices' does) can
     specialize the dim to the sample's size."""
-    leaves = torch.utils._pytree.tree_leaves(old)
+    leaves = tree_leaves(old)
     return (n.target is not torch.ops.aten.view.dtype and bool(leaves)
             and all(isinstance(v, torch.Tensor) for v in leaves))
 
@@ -125,7 +126,7 @@ def _narrowing_keeps_shape(n, old) -> bool:
 def _looks_the_same(old, new) -> bool:
     """Same dtypes, static shapes and strides, leaf by leaf (symbolic shapes count as different:
     comparing them would add guards)."""
-    a, b = torch.utils._pytree.tree_leaves(old), torch.utils._pytree.tree_leaves(new)
+    a, b = tree_leaves(old), tree_leaves(new)
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):

@@ -12,6 +12,7 @@ import operator
 
 import torch
 
+from .._torch_compat import is_op_overload
 from ..interpret import call_narrowed
 from ..program import Program
 from ._util import add_weight, weight_of
@@ -31,9 +32,9 @@ def fold_fits(out_bytes: int, in_bytes: int) -> bool:
 def _foldable_target(t) -> bool:
     if t is operator.getitem:
         return True
-    if not isinstance(t, torch._ops.OpOverload):
+    if not is_op_overload(t):
         return False  # sym ops (sym_size, operator.mul on SymInts) stay
-    return not any(k in t._name for k in NEVER_FOLD)
+    return not any(k in t.name() for k in NEVER_FOLD)
 
 
 def fold_constants(prog: Program) -> None:
