@@ -172,9 +172,9 @@ def cmd_run(a) -> int:
     model = _load_artifact(a.artifact, use_compiled=a.use_compiled, isolate=a.isolate,
                            isolate_timeout=a.isolate_timeout)
     out = model(signature_name=a.signature, **inputs)
-    import torch.utils._pytree as pytree
+    from tpu_export.converter._torch_compat import tree_flatten_with_path
 
-    leaves, _ = pytree.tree_flatten_with_path(out)
+    leaves, _ = tree_flatten_with_path(out)
     named = {}
     for path, v in leaves:
         key = "_".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path) or "output_0"
