@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._torch_compat import is_dynamo_error, module_children, module_owns_tensor
 from .graph import OnnxGraph, run_node, to_torch
 from .load import OnnxImportError
 
@@ -62,13 +63,13 @@ class OnnxModule(torch.nn.Module):
         owner, path = self, []
         try:
             for p in parts[:-1]:
-                if p in owner._buffers or p in owner._parameters or not p:
+                if module_owns_tensor(owner, p) or not p:
                     raise KeyError(p)
-                if p not in owner._modules:
+                if p not in module_children(owner):
                     owner.add_module(p, torch.nn.Module())
-                owner, path = owner._modules[p], path + [p]
+                owner, path = module_children(owner)[p], path + [p]
             leaf = parts[-1]
-            if not leaf or leaf in owner._modules:
+            if not leaf or leaf in module_children(owner):
                 raise KeyError(leaf)
             # t owns its memory (a fresh array from numpy_helper or a fold): no copy, so a big model's weights
             # are held once here
@@ -108,7 +109,7 @@ class OnnxModule(torch.nn.Module):
             except OnnxImportError:
                 raise
             except Exception as e:  # noqa: BLE001
-                if type(e).__module__.startswith("torch._dynamo") or "GuardOnDataDependent" in type(e).__name__:
+                if is_dynamo_error(e) or "GuardOnDataDependent" in type(e).__name__:
                     raise
                 ctx.fail(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
             for o, v in zip(outs, res):

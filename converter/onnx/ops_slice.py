@@ -49,7 +49,7 @@ def _slice_fold(ctx, x, starts, ends, axes=None, steps=None):
 
 def _known(cond) -> bool:
     """True only when ``cond`` holds for every value of the dynamic dims in it (no guard is added)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
+    from .._torch_compat import statically_known_true
 
     return statically_known_true(cond)
 
