@@ -25,6 +25,8 @@ import weakref
 import numpy as np
 import torch
 
+from ._torch_compat import set_module_tensor
+
 __all__ = ["materialize", "restore", "drop_pages", "drop_all_pages", "spool_holding", "load_one",
            "WeightsLoaderError", "StorageReleaser", "params_on_meta"]
 
@@ -170,10 +172,11 @@ def _named_tensors(module: torch.nn.Module):
     """(owner module, attribute, full name, tensor, is_parameter) for every parameter and buffer,
     shared ones (tied weights) under each of their names."""
     for mod_name, mod in module.named_modules(remove_duplicate=False):
-        for kind, table in ((True, mod._parameters), (False, mod._buffers)):
-            for attr, t in table.items():
-                if t is not None:
-                    yield mod, attr, f"{mod_name}.{attr}" if mod_name else attr, t, kind
+        own = ((True, mod.named_parameters(recurse=False, remove_duplicate=False)),
+               (False, mod.named_buffers(recurse=False, remove_duplicate=False)))  # None slots skipped
+        for kind, named in own:
+            for attr, t in named:
+                yield mod, attr, f"{mod_name}.{attr}" if mod_name else attr, t, kind
 
 
 def materialize(module: torch.nn.Module, loader, *, folder: str | None = None, progress=None):
@@ -209,7 +212,7 @@ def materialize(module: torch.nn.Module, loader, *, folder: str | None = None, p
             v = spool.tensor(placed[id(t)][0], t)
             v = torch.nn.Parameter(v, requires_grad=False) if is_param else v
             views[id(t)] = v
-        (mod._parameters if is_param else mod._buffers)[attr] = v
+        set_module_tensor(mod, attr, v, is_param)
         undo.append((mod, attr, t, is_param))
     return undo, spool
 
@@ -238,7 +241,7 @@ def restore(undo) -> None:
     """Put back the tensors ``materialize`` replaced (the module is as the caller gave it)."""
     entries, _ = undo
     for mod, attr, t, is_param in entries:
-        (mod._parameters if is_param else mod._buffers)[attr] = t
+        set_module_tensor(mod, attr, t, is_param)
 
 
 class StorageReleaser:
