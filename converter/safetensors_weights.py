@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from ._torch_compat import set_module_tensor
 from .lazy_weights import _FileMap, _named_tensors
 
 __all__ = ["map_safetensors", "safetensors_loader"]
@@ -87,7 +88,7 @@ def map_safetensors(module: torch.nn.Module, folder: str):
             v = maps[path].tensor(at, t)
             v = torch.nn.Parameter(v, requires_grad=False) if is_param else v
             views[id(t)] = v
-        (mod._parameters if is_param else mod._buffers)[attr] = v
+        set_module_tensor(mod, attr, v, is_param)
         undo.append((mod, attr, t, is_param))
     return undo, list(maps.values())
 
