@@ -1,6 +1,8 @@
 """converter: capture a torch model once and produce the Program both backends consume.
 
 Knows torch, nothing of jax or LiteRT. Heavy modules load on first use.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

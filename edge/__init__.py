@@ -8,6 +8,8 @@ on first use.
 op, or an ATen op with ``override=True``), ``@edge.supported_if(pred)`` limits it to the nodes it
 takes: the contract of converter.registry, the same as the TPU backend's
 (``tpu_backend.lowering.lowering``). Reading either name fills the table first.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

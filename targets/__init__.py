@@ -1,6 +1,8 @@
 """targets: named deployment targets (tpu-v5e ... android, web, iot) and their checks and packaging.
 
 Heavy modules (edge, ai_edge_litert, ai_edge_quantizer, tflite_micro, tpu_backend) load on first use.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

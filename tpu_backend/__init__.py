@@ -6,6 +6,8 @@
     out = tpu_backend.load("model.tpuexp")(x)                   # runs on TPU, GPU or CPU
 
 Heavy modules (jax, libtpu) load on first use; importing this package changes no settings.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 ``import_onnx(path_or_proto, dim_sizes={"batch": 1})`` returns the module, its sample inputs and its
 dynamic shapes; ``converter.prepare`` / ``tpu_export.convert`` / ``litert_torch.convert`` take
 ``.onnx`` paths and ModelProtos directly through it. ``onnx`` is imported on first use only.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The shared passes, each small and named, run as a plain list with a verifier between them."""
+"""The shared passes, each small and named, run as a plain list with a verifier between them.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
     from tpu_export.litert_torch.generative import export_hf
     export_hf.export(model="path/to/hf_dir", output_dir="out", prefill_lengths=[32], cache_length=1024)
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 from .model_ops import read_ops
 
-__all__ = ["Delegate", "DELEGATES", "Report", "CompatibilityError", "compatibility"]
+__all__ = ["Delegate", "delegates", "Report", "CompatibilityError", "compatibility"]
 
 
 class CompatibilityError(RuntimeError):
@@ -64,15 +65,17 @@ def _delegates() -> dict[str, Delegate]:
     }
 
 
-DELEGATES = None  # filled on first use (the tables import nothing heavy, but keep import time flat)
+@functools.cache
+def delegates() -> dict[str, Delegate]:
+    """Every delegate we report on, by name (built on first use: keeps import time flat)."""
+    return _delegates()
+
 
 def _delegate(name: str) -> Delegate:
-    global DELEGATES
-    if DELEGATES is None:
-        DELEGATES = _delegates()
-    if name not in DELEGATES:
-        raise ValueError(f"unknown delegate {name!r}; known: {', '.join(DELEGATES)}")
-    return DELEGATES[name]
+    known = delegates()
+    if name not in known:
+        raise ValueError(f"unknown delegate {name!r}; known: {', '.join(known)}")
+    return known[name]
 
 
 @dataclasses.dataclass

@@ -9,6 +9,8 @@ Layout::
       compiled/<target>-<topology>/       optional AOT-compiled TPU executables
           <signature>.bin                 raw PJRT executable bytes
           report.json                     cost and memory analysis, per chip and whole program
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
   so each step updates them in place;
 - ``lm_report``: bytes per decode token against the lower bound (weights + KV cache read), the tokens/s per chip
   they imply at the chip's HBM bandwidth, and prefill FLOPs and MFU, from a compiled target's cost analysis.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
 ATen op with ``override=True``), ``@supported_if(pred)`` limits it to the nodes it takes: the
 contract of converter.registry, the same as the edge backend's (``edge.lowering``). Reading
 either name fills the table first, so a user's registration meets the built-in ones.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ kernel cannot take fall back to the XLA path with a reason logged on
 
 jax loads on first use of a kernel; ``PallasConfig``, ``block_sizes`` and the pattern
 matchers import without it.
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 
     from tpu_export.litert_torch.generative.export_hf import export   # litert-torch 0.10: ``export`` is a module there
     export.export(model="path/to/hf_dir", output_dir="out")
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """
 
 from __future__ import annotations
