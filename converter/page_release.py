@@ -1,4 +1,4 @@
-"""Pages of our own weight maps given back once read (#16): ``release_pages(tensor)``.
+"""Pages of our own weight maps given back once read: ``release_pages(tensor)``.
 
 converter.safetensors_weights maps a model directory's shards (``map_safetensors``) and lazy_weights a spool
 (``materialize``) privately; a weight read from such a map pages in and would stay resident (RssFile) for the

@@ -172,7 +172,7 @@ def _same_bytes(a, b, piece: int = 64 << 20) -> bool:
     """Whether ``a`` and ``b`` (bytes, memoryviews of arrays, or _Spilled) hold the same bytes: compared piece by
     piece (as 8-byte words where the length allows), stopping at the first piece that differs, a spilled one read
     through a map of the spill file. 6x faster than hashing both with blake2b, which is what deciding two large
-    buffers equal cost before (#15)."""
+    buffers equal cost before."""
     if a is None or b is None or len(a) != len(b):
         return False
     word = np.uint64 if len(a) % 8 == 0 else np.uint8
@@ -293,7 +293,7 @@ class ModelBuilder:
         all in); only when the samples match an earlier buffer are the two compared byte for byte,
         so the buffers shared are exactly those with equal bytes. A view of memory the builder
         already holds (the same parameter read again by the next signature) is that buffer at
-        once: nothing is read (the 0.84 B Llama's decode signature hashed 3.3 GB here, #15)."""
+        once: nothing is read (the 0.84 B Llama's decode signature hashed 3.3 GB)."""
         from tpu_export.converter.lazy_weights import drop_all_pages, drop_pages
 
         data = _raw(array)
@@ -517,7 +517,7 @@ class ModelBuilder:
     def _close_spill(self) -> None:
         """Close the spill file once nothing is left in it (every spilled buffer written). It is unlinked, so its
         pages are dropped unwritten: held until the builder is collected (its subgraphs point back at it, a cycle)
-        they are dirty pages the kernel writes to disk for nothing, 1.7 GB for the 0.84 B Llama (#15)."""
+        they are dirty pages the kernel writes to disk for nothing, 1.7 GB for the 0.84 B Llama."""
         spill = getattr(self, "_spill", None)
         if spill is not None and not any(isinstance(b.data, _Spilled) for b in self.buffers):
             self._spill = None
