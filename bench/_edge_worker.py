@@ -21,7 +21,10 @@ def main():
     t_start = time.perf_counter()
     import torch
 
-    import litert_torch  # ours or Google's, by venv
+    try:  # ours in the project's venv, Google's in the peer's (which has no tpu_export)
+        from tpu_export import litert_torch
+    except ImportError:
+        import litert_torch
 
     if size == "tiny":
         from tests.zoo import build

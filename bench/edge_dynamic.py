@@ -1,4 +1,4 @@
-"""Dynamic dims on the edge (#19): ours vs litert-torch 0.10.0, and what a dynamic dim costs at run time.
+"""Dynamic dims on the edge: ours vs litert-torch 0.10.0, and what a dynamic dim costs at run time.
 
     .venv/bin/python bench/edge_dynamic.py [--models bert,gpt2,...] [--runs 20]
 
@@ -184,7 +184,10 @@ def _unet():
 def worker(impl, name, mode, out):
     import torch
 
-    import litert_torch  # ours or Google's, by venv
+    try:  # ours in the project's venv, Google's in the peer's (which has no tpu_export)
+        from tpu_export import litert_torch
+    except ImportError:
+        import litert_torch
 
     module, sample, dyn, fixed = build(name)
     t0 = time.perf_counter()

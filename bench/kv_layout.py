@@ -1,4 +1,4 @@
-"""Decode attention alone, per KV-cache layout: what XNNPACK's per-step work on the caches costs (#15).
+"""Decode attention alone, per KV-cache layout: what XNNPACK's per-step work on the caches costs.
 
     .venv/bin/python bench/kv_layout.py [--config llama|gemma3|tinyllama] [--cache 1024] [--layers 10]
 

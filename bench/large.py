@@ -1,4 +1,4 @@
-"""Large models (#16): conversion wall time and peak RSS, ours vs litert-torch 0.10.
+"""Large models: conversion wall time and peak RSS, ours vs litert-torch 0.10.
 
     .venv/bin/python bench/large.py [--models llama0.5b,llama1.1b] [--modes stream,delete,loader,peer,memory]
 
@@ -11,7 +11,7 @@ worker): its VmRSS summed with its descendants', polled every 0.1 s, or its own 
 worker's own VmHWM is also in the row, worker_peak_rss_gb). "x weights" is peak RSS / weight bytes.
 
 Modes (ours unless named):
-  memory   convert() with no path: the classic bytes in memory (the pre-#16 path)
+  memory   convert() with no path: the classic bytes in memory (the older in-memory path)
   stream   the module loaded in memory, output_file_path=... (weights streamed into the file)
   delete   stream + delete_in_memory_params=True (parameters freed as they are written)
   loader   the module built on the meta device, weights_loader=safetensors_loader(model dir):
@@ -32,9 +32,9 @@ Modes (ours unless named):
            own venv (.bench-venv-peer, installed by bench/edge_vs_litert_torch.py)
 Models: llama0.5b, llama1.1b (float32), llama3b (bfloat16 directory; run it with --modes loader_int8,loader_int4,
 tpu,tpu_dir: the tpu modes keep its bf16);
-vit_b_16 (#16's held-out zoo goal: peak RSS <= 0.7x the peer's) with --modes vit_memory,vit_stream,vit_peer
+vit_b_16 (the held-out zoo model) with --modes vit_memory,vit_stream,vit_peer
 (convert() + export(), output_file_path, the peer's convert() + export()).
-Goals (#16): peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
+Targets: peak RSS <= 1.5x weight bytes (stream/delete), <= 0.5x (loader); time <= 0.5x the peer's.
 Runs one conversion at a time; check `free -g` first (the 1.1B peer run needs ~3x its 4.4 GB).
 """
 
@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_PY = os.path.join(ROOT, ".bench-venv-peer", "bin", "python")
 
 CONFIGS = {
-    # ~0.49 B: the issue's 492 M Llama-style decoder
+    # ~0.49 B: a 492 M Llama-style decoder
     "llama0.5b": dict(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=25,
                       num_attention_heads=16, num_key_value_heads=16),
     # ~1.1 B: TinyLlama's shape

@@ -1,4 +1,4 @@
-"""A .litertlm past 2 GB (#16): convert-lm of a Llama-style model directory whose .tflite is in the large-model
+"""A .litertlm past 2 GB: convert-lm of a Llama-style model directory whose .tflite is in the large-model
 form, then a few greedy decode steps in Google's LiteRT-LM engine, beside transformers' greedy tokens.
 
     .venv/bin/python bench/large_lm.py [--models llama0.6b] [--quant none|dynamic_int8|dynamic_int4_block32]

@@ -1,4 +1,4 @@
-"""TPU goals of issue #15 on the v6e cost model: a Llama-style ~1B model (random init, bf16) exported with its KV
+"""The LLM TPU figures on the v6e cost model: a Llama-style ~1B model (random init, bf16) exported with its KV
 cache (prefill_<L> at batch B, decode at cache C), AOT-compiled for one v6e chip through libtpu on this host, and
 tpu_backend.llm's report: bytes per decode token against the lower bound (goal <= 1.2x) and prefill MFU (goal >= 50%).
 

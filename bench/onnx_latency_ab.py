@@ -1,4 +1,4 @@
-"""A/B latency of two .tflite files of the same model in the LiteRT interpreter, and where each spends it (#18).
+"""A/B latency of two .tflite files of the same model in the LiteRT interpreter, and where each spends it.
 
     .venv/bin/python bench/onnx_latency_ab.py A.tflite B.tflite [--input x.npy] [--rounds 40] [--block 5]
                                               [--groups] [--no-xnnpack] [--fresh 3]

@@ -1,4 +1,4 @@
-"""ONNX files to .tflite: ours vs onnx2tf 2.6, side by side in one run (#18).
+"""ONNX files to .tflite: ours vs onnx2tf 2.6, side by side in one run.
 
     .venv/bin/python bench/onnx_vs_onnx2tf.py [--models resnet18,bert_base] [--exporter torchscript17|dynamo18]
                                               [--runs 60]
