@@ -90,9 +90,8 @@ REPLACED: tuple[PublicReplacement, ...] = (
                       "converter/passes/fold_constants.py, edge/lower.py: the never-fold test by op name"),
     PublicReplacement("OpOverload._overloadname", "FunctionSchema.overload_name (or 'default')",
                       "converter/registry.py op_name, converter/lean_decompose.py: an op's overload"),
-    PublicReplacement("torch._C.DispatchKey.CompositeImplicitAutograd",
-                      "OpOverload.has_kernel_for_dispatch_key('CompositeImplicitAutograd')",
-                      "converter/lean_decompose.py: is an op composite"),
+    PublicReplacement("torch._C.DispatchKey", "torch.DispatchKey (the same class, in torch.__all__)",
+                      "converter/lean_decompose.py: is an op composite (CompositeImplicitAutograd)"),
     PublicReplacement("Module._parameters / Module._buffers (reading)",
                       "Module.named_parameters / named_buffers(recurse=False, remove_duplicate=False)",
                       "converter/lazy_weights.py: every parameter and buffer under each of its names"),
@@ -266,8 +265,8 @@ def is_dynamo_error(e: BaseException) -> bool:
 
 # --- .pt2 deserialization ---------------------------------------------------------------------------
 
-_UNSAFE_LOAD = ("torch.export.load, which unpickles sample inputs and evaluates shape expressions as Python "
-                "(converter/pt2_load.py)")
+_UNSAFE_LOAD = ("torch.export.load does the whole load, but it unpickles the sample inputs and evaluates shape "
+                "expressions as Python, so it is never run on a user's file (converter/pt2_load.py)")
 
 
 @_private("torch._export.serde.serialize._dict_to_dataclass, torch._export.serde.schema.PayloadConfig",

@@ -38,7 +38,7 @@ _SYMBOLIC_ARITHMETIC = {operator.getitem, operator.add, operator.sub, operator.m
                         operator.truediv, operator.mod, operator.neg, operator.eq, operator.ne, operator.lt,
                         operator.le, operator.gt, operator.ge, torch.sym_max, torch.sym_min, torch.sym_not,
                         torch.sym_float, torch.sym_int, torch.sym_sqrt}
-_CIA = "CompositeImplicitAutograd"  # the dispatch key, by the name the public has_kernel_for_dispatch_key takes
+_CIA = torch.DispatchKey.CompositeImplicitAutograd
 # Shape/metadata checks that torch.export's own decomposition drops as well.
 _DROP = {aten._assert_tensor_metadata.default}
 _DROPOUT = {aten.dropout.default, aten.dropout_.default, aten.feature_dropout.default, aten.feature_dropout_.default,
