@@ -201,6 +201,9 @@ def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGra
                 folded = [_shape_slice(np.asarray(s, dtype=np.int64), attrs)]
         elif all(known):
             vals = [out.consts[n] if n else None for n in names]
+            cap = _fold_cap(vals)
+            _check_fold(ctx, [_planned_bytes(s, t) for s, t in zip(ctx.out_shapes, ctx.out_types)]
+                        + [_shaped_by_input(node.op_type, vals)], cap)
             try:
                 with torch.no_grad():
                     folded = [_to_numpy(v) for v in run_node(spec, ctx, attrs, vals)]
@@ -208,6 +211,7 @@ def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGra
                 raise
             except Exception as e:  # noqa: BLE001 - an op function's error names its node
                 ctx.fail(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            _check_fold(ctx, [getattr(v, "nbytes", 0) for v in folded], cap)
         if folded is not None:
             for o, v in zip(node.output, folded):
                 if o:
@@ -225,6 +229,59 @@ def build_graph(proto, inferred, where: str, opset: int, mapped=None) -> OnnxGra
                 out.consts[k] = np.array(v, order="C")
                 mapped.release(v)
     return out
+
+
+def _fold_cap(inputs) -> int:
+    """The most bytes one folded constant may take: the fold cap (converter/untrusted.py's ``fold``), or twice
+    the inputs' bytes where they are larger (a Transpose or Cast of a large weight is no bomb)."""
+    from ..untrusted import limit
+
+    return max(limit("fold"), 2 * sum(getattr(v, "nbytes", 0) for v in inputs if v is not None))
+
+
+def _planned_bytes(shape, onnx_type) -> int:
+    """Bytes of an output whose shape and type inference knows, or 0 (the fold's result is checked instead)."""
+    if shape is None or onnx_type is None or any(d is None for d in shape):
+        return 0
+    from onnx import helper
+
+    try:
+        item = np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        item = 1
+    n = item
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _shaped_by_input(op_type: str, vals) -> int:
+    """Bytes (at 1 per element) of the result of an op whose output size a shape input sets, from the inputs
+    alone: inference may not know it, and the fold must not allocate it to find out."""
+    try:
+        if op_type == "Expand" and len(vals) == 2:
+            x, shape = (np.asarray(v) for v in vals)
+            dims = [int(d) for d in shape.reshape(-1)]
+            lead = [1] * max(0, len(x.shape) - len(dims)) + dims
+            xs = [1] * max(0, len(dims) - len(x.shape)) + list(x.shape)
+            return int(np.prod([max(a, b) for a, b in zip(xs, lead)], dtype=object)) * x.itemsize
+        if op_type == "ConstantOfShape" and vals:
+            return int(np.prod([int(d) for d in np.asarray(vals[0]).reshape(-1)], dtype=object))
+        if op_type == "Tile" and len(vals) == 2:
+            x, reps = (np.asarray(v) for v in vals)
+            return x.nbytes * int(np.prod([int(r) for r in reps.reshape(-1)], dtype=object))
+    except (TypeError, ValueError):
+        pass
+    return 0
+
+
+def _check_fold(ctx, sizes, cap: int) -> None:
+    """Refuse a constant fold past the cap (a tiny Expand or ConstantOfShape can ask for gigabytes)."""
+    big = max(sizes, default=0)
+    if big > cap:
+        ctx.fail(f"folding it when the model is built makes a {big}-byte constant, more than the {cap}-byte cap; "
+                 "refused (a few bytes of graph asking for that much memory is a hostile or broken model). Fix: "
+                 "check the model's shape inputs, or raise the cap with TPU_EXPORT_MAX_FOLD_BYTES")
 
 
 def _shape_slice(s: np.ndarray, attrs) -> np.ndarray:

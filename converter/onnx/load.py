@@ -2,8 +2,9 @@
 read by us and only from inside the model's folder, then onnx.checker and shape inference.
 
 External data (models past protobuf's 2 GB limit keep their weights in side files) is resolved
-here rather than by ``onnx.load``: each tensor's ``location`` must be a relative path that stays
-inside the model's folder after resolving symlinks, and its offset/length must lie inside that file
+here rather than by ``onnx.load``, by converter/untrusted.py's rule: each tensor's ``location`` must be
+a relative path that stays inside the model's folder (a symlink only to a file inside it), a regular
+file (a FIFO or device is refused, never waited on), and its offset/length must lie inside that file
 and match the tensor's dtype and shape. A file that breaks any of these fails with one line naming
 the tensor, the location and the fix.
 """
@@ -14,6 +15,7 @@ import contextlib
 import os
 
 from ..errors import ConversionError, one_line
+from ..untrusted import Folder, UntrustedFileError
 from .wire import RAW_ITEMSIZE, MappedWeights, map_file, parse_mapped, plain_raw
 
 __all__ = ["OnnxImportError", "load_model", "check_and_infer", "tensor_nbytes"]
@@ -111,32 +113,49 @@ def _load_external(proto, base_dir, where):
 
     from onnx import TensorProto
 
+    if not any(t.data_location == TensorProto.EXTERNAL for t in _external_tensors(proto.graph)):
+        return None
+    if base_dir is None:
+        t = next(t for t in _external_tensors(proto.graph) if t.data_location == TensorProto.EXTERNAL)
+        loc = {e.key: e.value for e in t.external_data}.get("location", "")
+        raise OnnxImportError(f"{where}: tensor {t.name!r} keeps its data in external file {loc!r}, but the model "
+                              "was given without its folder. Fix: pass the .onnx path instead of the ModelProto")
     maps: dict = {}
     spans = {}
+    fds: dict = {}
     try:
-        for i, t in enumerate(proto.graph.initializer):
-            if t.data_location == TensorProto.EXTERNAL:
-                path, offset, length = _external_span(t, base_dir, where)
-                _local(t)
-                m = None
-                if plain_raw(t) and sys.byteorder == "little":
-                    if path not in maps:
-                        maps[path] = map_file(path)
-                    m = maps[path]
-                if m is not None:
-                    spans[i] = (m, offset, length)  # as a weight cut out of the model's own file
-                else:
-                    t.raw_data = _read(path, offset, length)
-        for t in _external_tensors(proto.graph, initializers=False):
-            if t.data_location == TensorProto.EXTERNAL:
-                path, offset, length = _external_span(t, base_dir, where)
-                _local(t)
-                t.raw_data = _read(path, offset, length)
+        with Folder(base_dir, what="the model's folder") as folder:
+            for i, t in enumerate(proto.graph.initializer):
+                if t.data_location == TensorProto.EXTERNAL:
+                    loc, offset, length = _external_span(t, folder, fds, where)
+                    _local(t)
+                    m = None
+                    if plain_raw(t) and sys.byteorder == "little":
+                        if loc not in maps:
+                            maps[loc] = map_file(folder.shown(loc), fds[loc][0])
+                        m = maps[loc]
+                    if m is not None:
+                        spans[i] = (m, offset, length)  # as a weight cut out of the model's own file
+                    else:
+                        t.raw_data = _read(fds[loc][0], offset, length, folder.shown(loc))
+            for t in _external_tensors(proto.graph, initializers=False):
+                if t.data_location == TensorProto.EXTERNAL:
+                    loc, offset, length = _external_span(t, folder, fds, where)
+                    _local(t)
+                    t.raw_data = _read(fds[loc][0], offset, length, folder.shown(loc))
+    except UntrustedFileError as e:
+        for m in maps.values():
+            if m is not None:
+                m.close()
+        raise OnnxImportError(f"{where}: external data: {e}") from None
     except BaseException:
         for m in maps.values():
             if m is not None:
                 m.close()
         raise
+    finally:
+        for fd, _ in fds.values():
+            os.close(fd)
     return MappedWeights(spans, [m for m in maps.values() if m is not None]) if spans else None
 
 
@@ -147,29 +166,38 @@ def _local(t) -> None:
     t.data_location = TensorProto.DEFAULT
 
 
-def _read(path: str, offset: int, length: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(length)
+def _read(fd: int, offset: int, length: int, shown: str) -> bytes:
+    """The tensor's bytes: its range was checked to lie inside the file, so the read is bounded by the tensor."""
+    data = os.pread(fd, length, offset) if length else b""
+    if len(data) != length:
+        raise OnnxImportError(f"{shown}: read {len(data)} of {length} bytes: the file shrank while it was read")
+    return data
 
 
-def _external_span(t, base_dir, where) -> tuple[str, int, int]:
-    """(real path, offset, length) of an external tensor's data, refused unless inside the model's folder and
-    the right size for the tensor."""
+def _external_span(t, folder: Folder, fds: dict, where) -> tuple[str, int, int]:
+    """(location, offset, length) of an external tensor's data, its file opened into ``fds`` {location: (fd,
+    size)}; refused unless inside the model's folder, a regular file, and the right size for the tensor."""
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
-    if base_dir is None:
-        raise OnnxImportError(f"{where}: tensor {t.name!r} keeps its data in external file {loc!r}, but the model "
-                              "was given without its folder. Fix: pass the .onnx path instead of the ModelProto")
-    root = os.path.realpath(base_dir)
-    path = os.path.realpath(os.path.join(root, loc))
-    if not loc or os.path.isabs(loc) or os.path.commonpath([root, path]) != root:
-        raise OnnxImportError(f"{where}: tensor {t.name!r}: external data location {loc!r} is outside the model's "
-                              f"folder {root}; refused. Fix: keep external data files beside the .onnx file")
-    if not os.path.isfile(path):
-        raise OnnxImportError(f"{where}: tensor {t.name!r}: external data file {loc!r} not found in {root}. "
-                              "Fix: copy it beside the .onnx file")
-    size = os.path.getsize(path)
+    root = folder.path
+    if loc not in fds:
+        if not loc or os.path.isabs(loc) or ".." in loc.replace("\\", "/").split("/"):
+            raise OnnxImportError(f"{where}: tensor {t.name!r}: external data location {loc!r} is outside the "
+                                  f"model's folder {root}; refused. Fix: keep external data files beside the .onnx "
+                                  "file")
+        try:
+            fds[loc] = folder.open(os.path.normpath(loc), what="the external data file")
+        except UntrustedFileError as e:
+            if e.reason == "missing":
+                raise OnnxImportError(f"{where}: tensor {t.name!r}: external data file {loc!r} not found in {root}. "
+                                      "Fix: copy it beside the .onnx file") from None
+            if e.reason == "escapes":
+                raise OnnxImportError(f"{where}: tensor {t.name!r}: external data location {loc!r} is outside the "
+                                      f"model's folder {root} ({e.problem}); refused. Fix: keep external data files "
+                                      "beside the .onnx file") from None
+            raise OnnxImportError(f"{where}: tensor {t.name!r}: external data {loc!r}: {e.problem}. Fix: {e.fix}") \
+                from None
+    size = fds[loc][1]
     try:
         offset = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else size - offset
@@ -180,7 +208,7 @@ def _external_span(t, base_dir, where) -> tuple[str, int, int]:
         raise OnnxImportError(
             f"{where}: tensor {t.name!r}: external data {loc!r} offset {offset} length {length} does not fit the "
             f"file ({size} bytes) or the tensor ({want} bytes). Fix: re-save the model's external data")
-    return path, offset, length
+    return loc, offset, length
 
 
 def check_and_infer(proto, where: str, fixed_dims: dict | None = None, mapped=None):

@@ -122,10 +122,17 @@ class MappedWeights:
                 pass  # a view is still held somewhere: the map goes when it does
 
 
-def map_file(path: str):
-    """A read-only map of the regular file at ``path``, or None where it cannot be mapped (empty, or a filesystem
-    without mmap: the caller reads it instead)."""
-    with open(path, "rb") as f:
+def map_file(path: str, fd: int | None = None):
+    """A read-only map of the regular file at ``path`` (or of ``fd``, already opened by converter/untrusted.py's
+    rule; the map keeps no descriptor), or None where it cannot be mapped (empty, or a filesystem without mmap: the
+    caller reads it instead). ``path`` is opened by the same rule: a FIFO or a device is refused, never waited on."""
+    from ..untrusted import open_regular
+
+    if fd is None:
+        fd, _ = open_regular(path, what="the .onnx file")
+    else:
+        fd = os.dup(fd)
+    with os.fdopen(fd, "rb") as f:
         if os.fstat(f.fileno()).st_size == 0:
             return None
         try:
