@@ -32,7 +32,7 @@ import re
 
 from tpu_export.converter.atomic import discard, staging_dir, write_file
 
-__all__ = ["LitertLmError", "MODEL_TYPES", "read_litertlm", "write_litertlm"]
+__all__ = ["LitertLmError", "MODEL_TYPES", "engine_vocab", "read_litertlm", "write_litertlm"]
 
 # LlmMetadata.llm_model_type's choices in litert-lm-builder 0.18.1 (the oneof's field names); "generic_model" is
 # the engine's default handling (the jinja template and the stop tokens, nothing model-specific)
@@ -88,29 +88,46 @@ def _signatures(data: bytes) -> dict:
     return sigs
 
 
-def _check_signatures(sigs: dict, spec) -> int:
-    """The engine's view of the .tflite, checked against the cache spec; returns the vocabulary size."""
-    fix = "export it with converter.llm.prepare_lm(model, prefill_lengths=..., cache_len=...) and edge.convert_program"
+_FIX_EXPORT = "export it with converter.llm.prepare_lm(model, prefill_lengths=..., cache_len=...) and " \
+              "edge.convert_program"
+
+
+def engine_vocab(sigs: dict) -> int:
+    """What the LiteRT-LM engine calls in a prefill/decode .tflite (``_signatures``' dict): 'decode' and at least
+    one 'prefill_<L>', each taking ``tokens`` int32 [1, T] and ``input_pos`` int32 [T], and decode's ``logits``
+    float32 [1, 1, vocab]. Returns the vocabulary size."""
     if "decode" not in sigs or not any(_PREFILL.match(n) for n in sigs):
-        _fail(f"tflite: signatures {sorted(sigs)}; LiteRT-LM needs 'decode' and at least one 'prefill_<L>': {fix}")
-    for name, (ins, outs) in sigs.items():
+        _fail(f"tflite: signatures {sorted(sigs)}; LiteRT-LM needs 'decode' and at least one 'prefill_<L>': "
+              f"{_FIX_EXPORT}")
+    for name, (ins, _) in sigs.items():
         if name != "decode" and not _PREFILL.match(name):
             continue
         t = 1 if name == "decode" else int(_PREFILL.match(name).group(1))
-        want = {"tokens": ((1, t), "int32"), "input_pos": ((t,), "int32")}
-        want.update({n: (tuple(spec.shape), "float32") for n in spec.names()})
+        for n, w in {"tokens": ((1, t), "int32"), "input_pos": ((t,), "int32")}.items():
+            if ins.get(n) != w:
+                _fail(f"tflite: signature {name!r} input {n!r} is {ins.get(n)}, LiteRT-LM needs {w}: {_FIX_EXPORT}")
+    logits = sigs["decode"][1].get("logits")
+    if logits is None or len(logits[0]) != 3 or logits[0][:2] != (1, 1) or logits[1] != "float32" or \
+            logits[0][2] < 1:
+        _fail(f"tflite: decode's 'logits' output is {logits}; LiteRT-LM needs float32 [1, 1, vocab]: {_FIX_EXPORT}")
+    return logits[0][2]
+
+
+def _check_signatures(sigs: dict, spec) -> int:
+    """The engine's view of the .tflite, checked against the cache spec; returns the vocabulary size."""
+    vocab = engine_vocab(sigs)
+    want = {n: (tuple(spec.shape), "float32") for n in spec.names()}
+    for name, (ins, outs) in sigs.items():
+        if name != "decode" and not _PREFILL.match(name):
+            continue
         for n, w in want.items():
             if ins.get(n) != w:
                 _fail(f"tflite: signature {name!r} input {n!r} is {ins.get(n)}, LiteRT-LM needs {w} for this cache "
-                      f"spec: {fix}")
-        for n in spec.names():
-            if outs.get(n) != want[n]:
-                _fail(f"tflite: signature {name!r} output {n!r} is {outs.get(n)}, LiteRT-LM needs {want[n]} "
-                      f"(the updated cache under its input's name): {fix}")
-    logits = sigs["decode"][1].get("logits")
-    if logits is None or len(logits[0]) != 3 or logits[0][:2] != (1, 1) or logits[1] != "float32":
-        _fail(f"tflite: decode's 'logits' output is {logits}; LiteRT-LM needs float32 [1, 1, vocab]: {fix}")
-    return logits[0][2]
+                      f"spec: {_FIX_EXPORT}")
+            if outs.get(n) != w:
+                _fail(f"tflite: signature {name!r} output {n!r} is {outs.get(n)}, LiteRT-LM needs {w} "
+                      f"(the updated cache under its input's name): {_FIX_EXPORT}")
+    return vocab
 
 
 def _tokenizer_bytes(tokenizer_json) -> bytes:
@@ -154,19 +171,17 @@ def _token_ids(name: str, ids, vocab: int, allow_none=False) -> list[int]:
 
 
 def _check_template(template):
+    """The template renders a user turn within edge.chat_template's limits, as generate --chat renders it."""
     if template is None:
         return
     if not isinstance(template, str) or not template.strip():
         _fail(f"prompt_template: expected a jinja chat template string or None, got {template!r}")
+    from .chat_template import ChatTemplateError, check_chat_template
+
     try:
-        import jinja2
-    except ImportError:  # the engine parses it itself; nothing to check with here
-        return
-    try:
-        jinja2.Environment().parse(template)
-    except jinja2.TemplateSyntaxError as e:
-        _fail(f"prompt_template: jinja syntax error on line {e.lineno}: {e.message}: fix the chat template "
-              f"(tokenizer_config.json's chat_template or chat_template.jinja)")
+        check_chat_template(template, where="prompt_template")
+    except ChatTemplateError as e:
+        _fail(f"{e} (tokenizer_config.json's chat_template or chat_template.jinja)")
 
 
 _DIRECT_FROM = 256 << 20  # a .tflite from this size is copied into the bundle by edge.file_copy.copy_direct
@@ -271,39 +286,8 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
 
 def read_litertlm(path) -> dict:
     """The bundle's version, system metadata and sections (type, byte range, items, and for the metadata sections
-    their fields as a dict), for ``tpu-export inspect``. Reads the header and the metadata protos only."""
-    import io
+    their fields as a dict), for ``tpu-export inspect``; the bundle is checked first (edge.litertlm_check: a
+    corrupt one is a BundleFormatError). Reads the header and the metadata sections only, mapped."""
+    from .litertlm_check import check_litertlm
 
-    from google.protobuf import json_format
-    from litert_lm_builder import litertlm_core, litertlm_peek
-    from litert_lm_builder import litertlm_header_schema_py_generated as hs
-    from litert_lm_builder.runtime.proto import executor_metadata_pb2, llm_metadata_pb2
-
-    path = os.fspath(path)
-    version = io.StringIO()
-    try:
-        meta = litertlm_peek.read_litertlm_header(path, version)
-    except (OSError, ValueError) as e:
-        _fail(f"{path}: not a readable .litertlm ({e}): pass a bundle written by write_litertlm or litert-lm-builder")
-    protos = {hs.AnySectionDataType.LlmMetadataProto: llm_metadata_pb2.LlmMetadata,
-              hs.AnySectionDataType.ExecutorMetadataProto: executor_metadata_pb2.ExecutorMetadata}
-    out = {"version": version.getvalue().split(":", 1)[-1].strip(), "system_metadata": {}, "sections": []}
-    sysm = meta.SystemMetadata()
-    for i in range(sysm.EntriesLength() if sysm else 0):
-        kv = litertlm_peek.kvp_to_dict(sysm.Entries(i))
-        out["system_metadata"][kv["key"]] = kv["value"]
-    secs = meta.SectionMetadata()
-    with open(path, "rb") as f:
-        for i in range(secs.ObjectsLength() if secs else 0):
-            s = secs.Objects(i)
-            sec = {"type": litertlm_core.any_section_data_type_to_string(s.DataType()),
-                   "begin": s.BeginOffset(), "end": s.EndOffset(),
-                   "items": {kv["key"]: kv["value"] for kv in
-                             (litertlm_peek.kvp_to_dict(s.Items(j)) for j in range(s.ItemsLength()))}}
-            if s.DataType() in protos:
-                f.seek(s.BeginOffset())
-                msg = protos[s.DataType()]()
-                msg.ParseFromString(f.read(s.EndOffset() - s.BeginOffset()))
-                sec["metadata"] = json_format.MessageToDict(msg, preserving_proto_field_name=True)
-            out["sections"].append(sec)
-    return out
+    return check_litertlm(path)

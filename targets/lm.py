@@ -28,8 +28,8 @@ from .files import artifact_size
 from .lm_source import LmSource, LmSourceError, load_lm_source
 from .registry import IotTarget, get_target
 
-__all__ = ["DEFAULT_CACHE_LEN", "LM_META", "Stages", "capture_lm", "convert_lm", "edge_lm_bytes", "lm_meta",
-           "write_litertlm_bundle"]
+__all__ = ["DEFAULT_CACHE_LEN", "LM_META", "Stages", "capture_lm", "check_lm_chat_template", "convert_lm",
+           "edge_lm_bytes", "lm_meta", "write_litertlm_bundle"]
 
 DEFAULT_CACHE_LEN = 1024
 LM_META = "lm.json"  # beside every artifact: what a generation loop needs that the graph does not say
@@ -70,6 +70,7 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
         src = load_lm_source(source, tokenizer)
     if any(t.backend == "edge" for t in resolved):
         src.require_tokenizer("the .litertlm bundle")  # before the capture, not after minutes of it
+    check_lm_chat_template(source, src)
     with stages("capture", f"torch.export of prefill {sorted(set(prefill_lengths))} and decode, cache "
                            f"{cache_len or 'default'}"):
         prog, spec = capture_lm(src, prefill_lengths, cache_len)
@@ -105,6 +106,24 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
     finally:
         discard(stage)
     return written
+
+
+def check_lm_chat_template(source, src: LmSource) -> None:
+    """The chat template renders a user turn within edge.chat_template's limits, as ``generate --chat`` will: a
+    template that loops for minutes or renders gigabytes is refused here, naming its file, not after the
+    conversion."""
+    from tpu_export.edge.chat_template import ChatTemplateError, check_chat_template
+
+    if src.chat_template is None:
+        return
+    where = f"{src.name}'s chat template"
+    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        jinja = os.path.join(os.fspath(source), "chat_template.jinja")
+        where = jinja if os.path.isfile(jinja) else os.path.join(os.fspath(source), "tokenizer_config.json")
+    try:
+        check_chat_template(src.chat_template, where=where)
+    except ChatTemplateError as e:
+        raise LmSourceError(str(e)) from None
 
 
 def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):

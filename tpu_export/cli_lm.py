@@ -32,16 +32,17 @@ def cmd_convert_lm(a) -> int:
 
 
 def cmd_generate(a) -> int:
-    from .generate import Sampling
+    from .generate import GenerateArgumentError, Sampling, check_generate_args
     from .generators import load_generator
 
-    try:
+    try:  # the arguments first (the flags by name), then the model; its vocabulary bounds --top-k
         sampling = Sampling(temperature=a.temperature, top_k=a.top_k, top_p=a.top_p, seed=a.seed)
-    except ValueError as e:
-        raise _cli().CliError(str(e)) from None
-    gen = load_generator(a.artifact, quiet=True)
-    res = gen.generate(a.prompt, a.max_new_tokens, sampling=sampling, chat=a.chat,
-                       on_text=lambda s: print(s, end="", flush=True))
+        check_generate_args(a.prompt, a.max_new_tokens, sampling)
+        gen = load_generator(a.artifact, verbose=a.verbose, isolate=a.isolate, isolate_timeout=a.isolate_timeout)
+        res = gen.generate(a.prompt, a.max_new_tokens, sampling=sampling, chat=a.chat,
+                           on_text=lambda s: print(s, end="", flush=True))
+    except GenerateArgumentError as e:
+        raise _cli().CliError(e.for_cli()) from None
     print(flush=True)
     print(res.timing_line(), file=sys.stderr, flush=True)
     return 0
@@ -83,4 +84,11 @@ def add_lm_commands(sub) -> None:
     g.add_argument("--top-p", type=float)
     g.add_argument("--seed", type=int, help="sampling seed: the same seed, the same text")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--verbose", action="store_true", help="show the LiteRT-LM engine's own log lines")
+    g.add_argument("--isolate", action="store_true",
+                   help=".litertlm from untrusted sources: run the LiteRT-LM engine in a child process (the bundle is "
+                        "checked structurally first; a crash on bytes the check cannot judge, such as weights, is "
+                        "then one error line naming the signal); ~1 s more")
+    g.add_argument("--isolate-timeout", type=float, default=None, metavar="S",
+                   help="with --isolate: seconds the engine may go without an answer (default 60)")
     g.set_defaults(fn=cmd_generate)

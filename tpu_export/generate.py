@@ -17,13 +17,16 @@ saved artifact or a ``.litertlm`` through the LiteRT-LM engine): tpu_export/gene
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Callable
 
 import torch
 
-__all__ = ["CacheFullError", "GenerationRun", "PromptTooLongError", "Sampling", "generate_ids", "greedy_generate",
-           "prefill_lengths"]
+__all__ = ["CacheFullError", "GenerateArgumentError", "GenerationRun", "PromptTooLongError", "SEED_MAX", "Sampling",
+           "check_generate_args", "generate_ids", "greedy_generate", "prefill_lengths"]
+
+SEED_MAX = 2**63 - 1  # the engine's sampler and torch's generator both take a 64-bit seed
 
 
 class PromptTooLongError(ValueError):
@@ -32,6 +35,65 @@ class PromptTooLongError(ValueError):
 
 class CacheFullError(ValueError):
     pass
+
+
+class GenerateArgumentError(ValueError):
+    """A generation argument out of its range. ``str()`` names it as Python does (``max_new_tokens``),
+    ``for_cli()`` as the command line does (``--max-new-tokens``)."""
+
+    def __init__(self, arg: str, problem: str):
+        self.arg, self.problem = arg, problem
+        super().__init__(f"{arg}: {problem}")
+
+    def for_cli(self) -> str:
+        return f"--{self.arg.replace('_', '-')}: {self.problem}"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_generate_args(prompt=None, max_new_tokens=None, sampling=None, *, vocab: int | None = None,
+                        tokenize: Callable[[str], list] | None = None):
+    """The one check of what a generation is asked, the same for every runtime (the LiteRT-LM engine, the
+    .tflite loop, the TPU artifact). Each argument given is checked: ``prompt`` valid UTF-8 text;
+    ``max_new_tokens`` an int >= 1; ``sampling``'s temperature finite and >= 0, top_k an int >= 1 (and at most
+    ``vocab``), top_p in (0, 1], seed an int in [0, SEED_MAX]. With ``tokenize`` (text -> ids) the prompt's ids
+    are returned, refused when there are none. Raises GenerateArgumentError."""
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise GenerateArgumentError("prompt", f"must be text (str), got {type(prompt).__name__}")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = prompt[e.start]
+            what = f"the byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"U+{ord(bad):04X}"
+            raise GenerateArgumentError("prompt", f"is not valid UTF-8 ({what} at character {e.start}): pass UTF-8 "
+                                                  "text") from None
+        if not prompt:
+            raise GenerateArgumentError("prompt", "is empty: give the text to continue")
+    if max_new_tokens is not None and (not _is_int(max_new_tokens) or max_new_tokens < 1):
+        raise GenerateArgumentError("max_new_tokens", f"must be an integer >= 1, got {max_new_tokens!r}: ask for at "
+                                                      "least one new token")
+    if sampling is not None:
+        t, k, p, seed = sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise GenerateArgumentError("temperature", f"must be a finite number >= 0 (0: greedy), got {t!r}")
+        if k is not None and (not _is_int(k) or k < 1):
+            raise GenerateArgumentError("top_k", f"must be an integer >= 1, got {k!r} (leave it out for all tokens)")
+        if k is not None and vocab is not None and k > vocab:
+            raise GenerateArgumentError("top_k", f"is {k}, more than the model's {vocab}-token vocabulary: give at "
+                                                 f"most {vocab} (or leave it out for all tokens)")
+        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
+            raise GenerateArgumentError("top_p", f"must be a number in (0, 1], got {p!r}")
+        if seed is not None and (not _is_int(seed) or not 0 <= seed <= SEED_MAX):
+            raise GenerateArgumentError("seed", f"must be an integer in [0, 2**63 - 1], got {seed!r}")
+    if tokenize is None:
+        return None
+    ids = list(tokenize(prompt))
+    if not ids:
+        raise GenerateArgumentError("prompt", f"{prompt!r} tokenizes to no tokens: give some text")
+    return ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +108,7 @@ class Sampling:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0: greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        check_generate_args(sampling=self)  # the vocabulary-free part; each generator checks top_k against its own
 
     @property
     def greedy(self) -> bool:
@@ -115,8 +172,7 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
     id or several (generation stops after any of them)."""
     prompt = [int(t) for t in (prompt_ids.reshape(-1).tolist() if hasattr(prompt_ids, "reshape") else prompt_ids)]
     n = len(prompt)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    check_generate_args(max_new_tokens=max_new_tokens, sampling=sampling)
     lengths = prefill_lengths(runtime)
     if not lengths:
         raise ValueError("the runtime has no prefill_<L> signature: export it with converter.llm.prepare_lm")

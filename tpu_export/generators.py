@@ -9,6 +9,11 @@
   tpu_export.generate's loop, with the ``tokenizer.json`` and ``lm.json`` written beside it (targets/lm.py).
 - ``EngineGenerator``: a ``.litertlm`` bundle run by the LiteRT-LM engine (``litert_lm.Engine``): its own
   tokenizer, stop tokens, prompt template, prefill/decode loop and sampler (top_k / top_p / temperature / seed).
+  The bundle is checked first (edge.litertlm_check); ``isolate=True`` runs the engine in a child process, so
+  that bytes the check cannot judge (weights) that crash it end as one GeneratorError naming the signal.
+
+All three check their arguments with the one tpu_export.generate.check_generate_args; chat templates render
+within edge.chat_template's limits; lm.json is read bounded and must describe the model file's own caches.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 from typing import Callable
 
-from .generate import CacheFullError, Sampling, generate_ids
+from .generate import CacheFullError, GenerateArgumentError, Sampling, check_generate_args, generate_ids
 
 __all__ = ["EngineGenerator", "GeneratorError", "LoopGenerator", "TextResult", "load_generator"]
 
@@ -46,22 +53,114 @@ class TextResult:
                 f"decode: {dec} ({self.new_tokens} new tokens){warm}")
 
 
-def load_generator(path, *, quiet: bool = False) -> "LoopGenerator | EngineGenerator":
+def load_generator(path, *, quiet: bool = True, verbose: bool = False, isolate: bool = False,
+                   isolate_timeout: float | None = None) -> "LoopGenerator | EngineGenerator":
     """A ``.litertlm`` -> the LiteRT-LM engine; a TPU artifact (``.tpuexp``) or ``.tflite`` -> our loop; a target
-    folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first). ``quiet``: the engine
-    logs errors only (a process-wide setting of its library)."""
+    folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first). ``verbose``: the
+    engine's own log lines are shown (else held back, and only their last line joins an error); ``isolate``: the
+    engine runs in a child process (``isolate_timeout`` seconds at most between its answers). ``quiet``: kept
+    for callers; the engine logs only when ``verbose``."""
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
         for f in ("model.litertlm", "model.tpuexp", "model.tflite"):
             if os.path.exists(os.path.join(path, f)):
-                return load_generator(os.path.join(path, f), quiet=quiet)
+                return load_generator(os.path.join(path, f), quiet=quiet, verbose=verbose, isolate=isolate,
+                                      isolate_timeout=isolate_timeout)
         raise GeneratorError(f"{path}: no model.litertlm, model.tpuexp or model.tflite in it; give a folder or "
                              "file written by `tpu-export convert-lm`")
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise GeneratorError(f"{path}: no such file or folder")
     if path.endswith(".litertlm"):
-        return EngineGenerator(path, quiet=quiet)
+        return EngineGenerator(path, verbose=verbose, isolate=isolate,
+                               isolate_timeout=isolate_timeout or DEFAULT_ISOLATE_TIMEOUT)
+    if isolate:
+        raise GeneratorError(f"{path}: isolate runs the LiteRT-LM engine of a .litertlm in a child process; a "
+                             ".tflite is checked structurally before the interpreter sees it and a TPU artifact's "
+                             "isolation is `tpu-export inspect --isolate`: drop --isolate")
     return LoopGenerator.from_artifact(path)
+
+
+_CACHE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _read_beside(folder: str, name: str, cap: str) -> bytes:
+    """A file beside the model (lm.json, tokenizer.json), read by converter.untrusted's rule inside ``folder``:
+    a regular file, no link out of the folder, at most the ``cap`` limit's bytes."""
+    from tpu_export.converter.untrusted import UntrustedFileError, limit, read_bytes
+
+    try:
+        return read_bytes(name, root=folder, what=name, max_bytes=limit(cap), cap_name=cap)
+    except UntrustedFileError as e:
+        if e.reason == "missing":
+            raise FileNotFoundError(e.path) from None
+        raise GeneratorError(str(e)) from None
+
+
+def _bounded_int(value, name: str, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise GeneratorError(f"{where}: {name} is {value!r}; it must be an integer in [{lo}, {hi}]: convert the "
+                             "model again")
+    return value
+
+
+def read_lm_json(folder: str) -> tuple[dict, "object"]:
+    """lm.json beside an exported LM, read bounded and checked field by field before anything is sized from it:
+    (the metadata, its CacheSpec). The cache's shape is checked against the model's own inputs afterwards
+    (``_check_cache``)."""
+    import torch
+
+    from tpu_export.converter.llm import CacheSpec
+
+    meta_path = os.path.join(folder, "lm.json")
+    data = _read_beside(folder, "lm.json", "json")
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise GeneratorError(f"{meta_path}: not JSON ({type(e).__name__}: {' '.join(str(e).split())[:120]}); "
+                             "convert the model again") from None
+    c = meta.get("cache") if isinstance(meta, dict) else None
+    if not isinstance(c, dict):
+        raise GeneratorError(f"{meta_path}: no 'cache' entry (num_layers, kv_heads, cache_len, head_dim); convert "
+                             "the model again")
+    dims = [_bounded_int(c.get(k), f"cache.{k}", meta_path, 1, 1 << 24)
+            for k in ("num_layers", "kv_heads", "cache_len", "head_dim")]
+    dtype = c.get("dtype", "float32")
+    if dtype not in _CACHE_DTYPES:
+        raise GeneratorError(f"{meta_path}: cache.dtype is {dtype!r}; one of {list(_CACHE_DTYPES)}: convert the "
+                             "model again")
+    stops = meta.get("stop_token_ids") or []
+    if not isinstance(stops, list):
+        raise GeneratorError(f"{meta_path}: stop_token_ids is {stops!r}, not a list of token ids")
+    for i in stops:
+        _bounded_int(i, "a stop token id", meta_path, 0, (1 << 31) - 1)
+    template = meta.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        raise GeneratorError(f"{meta_path}: chat_template is a {type(template).__name__}, not text")
+    return meta, CacheSpec(*dims, getattr(torch, dtype))
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_cache(spec, inputs: dict, meta_path: str, model: str) -> None:
+    """lm.json's caches are the model's own: every kv_cache_* input of its decode signature, the same shape and
+    dtype, and nothing more (the loop allocates what lm.json says; the model file, checked, says what it is)."""
+    want = {n: (tuple(spec.shape), str(spec.dtype).replace("torch.", "")) for n in spec.names()}
+    have = {n: v for n, v in inputs.items() if n.startswith("kv_cache_")}
+    if want != have:
+        diff = sorted(set(want.items()) ^ set(have.items()))[:2]
+        raise GeneratorError(f"{meta_path}: its cache ({spec.num_layers} layers x {spec.kv_heads} heads x "
+                             f"{spec.cache_len} slots x {spec.head_dim}, {want and next(iter(want.values()))[1]}) is "
+                             f"not {model}'s decode inputs (first differences: {diff}); convert the model again")
+    need = 2 * 2 * spec.num_layers * spec.kv_heads * spec.cache_len * spec.head_dim * spec.dtype.itemsize
+    mem = _physical_memory()
+    if mem is not None and need > mem:
+        raise GeneratorError(f"{meta_path}: its caches need {need >> 20} MiB (in and out), more than this machine's "
+                             f"{mem >> 20} MiB of memory")
 
 
 def _detokenizer(tok, on_text, stops):
@@ -90,54 +189,69 @@ class LoopGenerator:
 
     def __init__(self, runtime, spec, tokenizer, meta: dict, name: str = "the model"):
         self.runtime, self.spec, self.tokenizer, self.meta, self.name = runtime, spec, tokenizer, meta, name
+        self.vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
         self._warm: set = set()  # signatures run once already (compiled)
 
     @classmethod
     def from_artifact(cls, path: str) -> "LoopGenerator":
-        import torch
-
-        from tpu_export.converter.llm import CacheSpec
-
         folder = os.path.dirname(os.path.abspath(path))
-        meta_path = os.path.join(folder, "lm.json")
         try:
-            with open(meta_path, encoding="utf-8") as f:
-                meta = json.load(f)
-            c = meta["cache"]
-            spec = CacheSpec(int(c["num_layers"]), int(c["kv_heads"]), int(c["cache_len"]), int(c["head_dim"]),
-                             getattr(torch, str(c.get("dtype", "float32"))))
+            meta, spec = read_lm_json(folder)
         except FileNotFoundError:
             raise GeneratorError(f"{path}: no lm.json beside it (cache shapes, stop tokens); generate from the "
                                  "folder `tpu-export convert-lm` wrote") from None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise GeneratorError(f"{meta_path}: not a valid lm.json ({e}); convert the model again") from None
         tok_path = os.path.join(folder, "tokenizer.json")
-        if not os.path.isfile(tok_path):
+        if not os.path.lexists(tok_path):
             raise GeneratorError(f"{path}: no tokenizer.json beside it; convert from a model directory with one "
                                  "(or pass tokenizer= to convert_lm)")
         from tokenizers import Tokenizer
 
-        tok = Tokenizer.from_file(tok_path)
+        text = _read_beside(folder, "tokenizer.json", "tokenizer")
+        try:
+            tok = Tokenizer.from_str(text.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - the Rust parser's own error class
+            raise GeneratorError(f"{tok_path}: not a readable tokenizer.json ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:120]}); convert the model again") from None
         if path.endswith(".tflite"):
             from tpu_export import litert_torch
+            from tpu_export.edge.tflite_check import map_tflite
+            from tpu_export.targets.tflite_io import signatures
 
-            runtime = litert_torch.load(path)
+            runtime = litert_torch.load(path)  # checked (edge.tflite_check) before the interpreter sees it
+            mapped = map_tflite(path)
+            try:
+                sig = signatures(mapped).get("decode")
+            finally:
+                mapped.close()
+            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig[0]} if sig else {}
+            outputs = {o.name: tuple(o.shape) for o in sig[1]} if sig else {}
         else:
             from tpu_export import tpu_backend
             from tpu_export.tpu_backend.llm import OnDeviceLM
 
+            program = tpu_backend.load(path)
+            sig = program.signature("decode") if "decode" in program.signature_names else None
+            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig.inputs} if sig else {}
+            outputs = {o.name: tuple(o.shape) for o in sig.outputs} if sig else {}
             # the caches stay on the device between steps, donated: each step updates them in place
-            runtime = OnDeviceLM(tpu_backend.load(path), spec.names())
-        return cls(runtime, spec, tok, meta, name=path)
+            runtime = OnDeviceLM(program, spec.names())
+        _check_cache(spec, inputs, os.path.join(folder, "lm.json"), path)
+        logits = outputs.get("logits")
+        vocab = int(logits[-1]) if logits and isinstance(logits[-1], int) else tok.get_vocab_size()
+        gen = cls(runtime, spec, tok, meta, name=path)
+        gen.vocab = vocab
+        return gen
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
-            prompt = render_chat(self.meta.get("chat_template"), prompt, self.name)
+            where = os.path.join(os.path.dirname(os.path.abspath(self.name)), "lm.json") + "'s chat_template"
+            prompt = render_chat(self.meta.get("chat_template"), prompt, where)
         return self.tokenizer.encode(prompt).ids
 
     def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None, chat=False,
                  on_text: Callable[[str], None] | None = None) -> TextResult:
-        ids = self.encode(prompt, chat)
+        ids = check_generate_args(prompt, max_new_tokens, sampling, vocab=self.vocab,
+                                  tokenize=lambda p: self.encode(p, chat))
         warm_ms = self._warm_up(len(ids))
         stops = {int(i) for i in self.meta.get("stop_token_ids") or ()}
         run = generate_ids(self.runtime, self.spec, ids, max_new_tokens, sampling=sampling, eos_token_id=stops,
@@ -171,67 +285,137 @@ class LoopGenerator:
 
 
 def render_chat(template: str | None, prompt: str, where: str) -> str:
-    """The prompt as one user turn of the model's chat template (jinja, rendered sandboxed as transformers does),
-    with the generation prompt added."""
+    """The prompt as one user turn of the model's chat template, with the generation prompt added: sandboxed and
+    bounded in time and size (edge.chat_template); ``where`` names the template's file or field."""
     if not template:
         raise GeneratorError(f"{where}: the model has no chat template; drop --chat")
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from tpu_export.edge.chat_template import render_chat_template
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(messages=[{"role": "user", "content": prompt}],
-                                            add_generation_prompt=True, bos_token="", eos_token="")
+    return render_chat_template(template, [{"role": "user", "content": prompt}], where=where)
 
 
 _ALL_TOKENS = 1 << 20  # top_k when none is given: the engine's own default is 1 (greedy)
 
 
-class EngineGenerator:
-    """A ``.litertlm`` run by the LiteRT-LM engine on this machine's CPU."""
+DEFAULT_ISOLATE_TIMEOUT = 60.0  # seconds between the isolated engine's answers (a token, the load)
+_START_TIMEOUT = 300.0  # the child's imports (~1 s, far longer on a loaded machine) are not the bundle's fault
+_TAG = "@@tpu-export-engine"
 
-    def __init__(self, path: str, threads: int | None = None, quiet: bool = False):
+
+class _EngineLog:
+    """The engine's log lines (absl / LiteRT write to file descriptor 2 directly, past sys.stderr), held in a
+    temporary file while it loads and runs unless ``verbose``; ``tail()`` is their last line for an error. fd 2
+    is the process's: anything else writing to it meanwhile is held too."""
+
+    def __init__(self, verbose: bool):
+        self.verbose, self.file, self._saved = verbose, None, None
+
+    def __enter__(self):
+        if not self.verbose:
+            import tempfile
+
+            sys.stderr.flush()
+            self.file = tempfile.TemporaryFile()
+            self._saved = os.dup(2)
+            os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        if self._saved is not None:
+            os.dup2(self._saved, 2)
+            os.close(self._saved)
+            self._saved = None
+
+    def tail(self, prefix: str = "; its last log line: ") -> str:
+        from tpu_export.converter.child_process import stderr_tail
+
+        return stderr_tail(self.file, prefix) if self.file is not None else ""
+
+
+class EngineGenerator:
+    """A ``.litertlm`` run by the LiteRT-LM engine on this machine's CPU, checked first (edge.litertlm_check).
+    ``isolate``: each generate runs the engine in a child process (a crash there is a GeneratorError naming the
+    signal; no answer for ``isolate_timeout`` seconds kills it)."""
+
+    def __init__(self, path: str, threads: int | None = None, quiet: bool = True, verbose: bool = False,
+                 isolate: bool = False, isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT):
+        from tpu_export.edge.litertlm_check import check_litertlm
+
+        if isolate and not isolate_timeout > 0:
+            raise GeneratorError(f"isolate_timeout must be a positive number of seconds, got {isolate_timeout!r}")
+        self.path, self.threads, self.verbose = path, threads, verbose
+        self.isolate, self.isolate_timeout = isolate, isolate_timeout
+        info = check_litertlm(path)  # BundleFormatError, one line, before the engine reads a byte
+        self.vocab = info["vocab"]
+        self._meta = next((sec["metadata"] for sec in info["sections"]
+                           if sec["type"] == "LlmMetadataProto" and "metadata" in sec), {})
+        self.engine = None if isolate else self._create_engine()
+
+    def _create_engine(self):
         import litert_lm
 
-        if quiet:  # the engine logs every section it does not find at WARNING; process-wide, so only when asked
+        if not self.verbose:  # process-wide: the engine logs every section it does not find at WARNING
             litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)
-        self.path, self._meta = path, None
-        backend = litert_lm.Backend.CPU(thread_count=threads) if threads else litert_lm.Backend.CPU()
-        try:
-            self.engine = litert_lm.Engine(path, backend=backend, enable_benchmark=True)
-        except RuntimeError as e:
-            raise GeneratorError(f"{path}: the LiteRT-LM engine cannot load it ({e}); is it a .litertlm bundle "
-                                 "written by convert-lm or litert-lm-builder?") from None
+        backend = litert_lm.Backend.CPU(thread_count=self.threads) if self.threads else litert_lm.Backend.CPU()
+        with _EngineLog(self.verbose) as log:
+            try:
+                return litert_lm.Engine(self.path, backend=backend, enable_benchmark=True)
+            except RuntimeError as e:
+                raise GeneratorError(f"{self.path}: the LiteRT-LM engine cannot load it ({' '.join(str(e).split())}"
+                                     f"{log.tail()}); is it a .litertlm bundle written by convert-lm or "
+                                     "litert-lm-builder?") from None
 
     def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None, chat=False,
                  on_text: Callable[[str], None] | None = None) -> TextResult:
+        if self.isolate:
+            check_generate_args(prompt, max_new_tokens, sampling, vocab=self.vocab)  # before a child starts
+            return _generate_isolated(self, prompt, max_new_tokens, sampling, chat, on_text)
         import litert_lm
 
         s = sampling or Sampling()
+        text = {}
+
+        def tokenize(p):
+            if chat:  # rendered here, as for our loop: the session API does not apply the bundle's template itself
+                p = render_chat(self._llm_meta().get("jinja_prompt_template"), p,
+                                f"{self.path}'s jinja_prompt_template")
+            text["prompt"] = p
+            return self.engine.tokenize(p)
+
+        n = len(check_generate_args(prompt, max_new_tokens, s, vocab=self.vocab, tokenize=tokenize))
+        prompt = text["prompt"]
         # greedy is top-k 1 in the engine's top-p sampler
         cfg = (litert_lm.SamplerConfig(top_k=1, top_p=1.0, temperature=1.0, seed=0) if s.greedy else
                litert_lm.SamplerConfig(top_k=s.top_k or _ALL_TOKENS, top_p=s.top_p or 1.0,
                                        temperature=s.temperature, seed=s.seed))
-        if chat:  # rendered here, as for our loop: the session API does not apply the bundle's template itself
-            prompt = render_chat(self._llm_meta().get("jinja_prompt_template"), prompt, self.path)
-        limit, n = self._llm_meta().get("max_num_tokens"), len(self.engine.tokenize(prompt))
+        limit = self._llm_meta().get("max_num_tokens")
         # the engine counts prompt + reply against max_num_tokens and stops short silently past it: say it first
         if limit and n + max_new_tokens > int(limit):
             raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens exceed {self.path}'s max_num_tokens "
                                  f"{limit}: lower max_new_tokens or re-export with a longer cache")
-        session = self.engine.create_session(apply_prompt_template=False, sampler_config=cfg,
-                                             max_output_tokens=max_new_tokens)
-        try:
-            t0 = time.perf_counter()
-            session.run_prefill([prompt])
-            prefill_ms = (time.perf_counter() - t0) * 1e3
-            parts = []
-            for r in session.run_decode_async():
-                for t in r.texts:
-                    parts.append(t)
-                    if on_text is not None:
-                        on_text(t)
-            info = session.get_benchmark_info()
-        finally:
-            session.close()
+        with _EngineLog(self.verbose) as log:
+            try:
+                session = self.engine.create_session(apply_prompt_template=False, sampler_config=cfg,
+                                                     max_output_tokens=max_new_tokens)
+            except RuntimeError as e:
+                raise GeneratorError(f"{self.path}: the LiteRT-LM engine cannot start a session "
+                                     f"({' '.join(str(e).split())}{log.tail()})") from None
+            try:
+                t0 = time.perf_counter()
+                session.run_prefill([prompt])
+                prefill_ms = (time.perf_counter() - t0) * 1e3
+                parts = []
+                for r in session.run_decode_async():
+                    for t in r.texts:
+                        parts.append(t)
+                        if on_text is not None:
+                            on_text(t)
+                info = session.get_benchmark_info()
+            except RuntimeError as e:
+                raise GeneratorError(f"{self.path}: the LiteRT-LM engine failed while generating "
+                                     f"({' '.join(str(e).split())}{log.tail()})") from None
+            finally:
+                session.close()
         tps = info.last_decode_tokens_per_second or None
         if info.last_prefill_tokens_per_second:  # the engine's own figure, without the Python call around it
             prefill_ms = info.last_prefill_token_count / info.last_prefill_tokens_per_second * 1e3
@@ -240,9 +424,79 @@ class EngineGenerator:
 
     def _llm_meta(self) -> dict:
         """The bundle's LlmMetadata (max_num_tokens, stop tokens, jinja_prompt_template) as a dict."""
-        if self._meta is None:
-            from tpu_export.edge.litertlm import read_litertlm
-
-            self._meta = next((sec["metadata"] for sec in read_litertlm(self.path)["sections"]
-                               if sec["type"] == "LlmMetadataProto" and "metadata" in sec), {})
         return self._meta
+
+
+# the child of EngineGenerator(isolate=True): one request on stdin, tagged lines out (payloads hex-coded JSON)
+_CHILD = "from tpu_export.generators import _serve_isolated; _serve_isolated()"
+_RAISED = {"GenerateArgumentError": lambda d: GenerateArgumentError(d["arg"], d["problem"]),
+           "CacheFullError": lambda d: CacheFullError(d["message"])}
+
+
+def _say(kind: str, payload) -> None:
+    sys.stdout.write(f"{_TAG} {kind} {json.dumps(payload).encode().hex()}\n")
+    sys.stdout.flush()
+
+
+def _serve_isolated() -> None:
+    req = json.loads(sys.stdin.read())
+    _say("ready", None)
+    try:
+        gen = EngineGenerator(req["path"], threads=req["threads"], verbose=req["verbose"])
+        s = req["sampling"]
+        res = gen.generate(req["prompt"], req["max_new_tokens"], sampling=Sampling(**s) if s else None,
+                           chat=req["chat"], on_text=lambda t: _say("text", t))
+    except (GeneratorError, CacheFullError, GenerateArgumentError, ValueError) as e:
+        _say("err", {"class": type(e).__name__, "message": str(e), "arg": getattr(e, "arg", None),
+                     "problem": getattr(e, "problem", None)})
+        sys.exit(3)
+    _say("done", dataclasses.asdict(res))
+
+
+def _generate_isolated(gen: EngineGenerator, prompt, max_new_tokens, sampling, chat, on_text) -> TextResult:
+    import queue
+    import tempfile
+
+    from tpu_export.converter.child_process import TaggedChild, exit_status, signal_name, stderr_tail
+
+    req = {"path": os.path.abspath(gen.path), "threads": gen.threads, "verbose": gen.verbose, "prompt": prompt,
+           "max_new_tokens": max_new_tokens, "chat": chat,
+           "sampling": dataclasses.asdict(sampling) if sampling is not None else None}
+    with tempfile.TemporaryDirectory(prefix="tpu-export-engine-") as tmp, \
+            open(os.path.join(tmp, "stderr"), "w+b") as err:
+        try:
+            child = TaggedChild([sys.executable, "-c", _CHILD], tag=_TAG, stderr=None if gen.verbose else err,
+                                cwd=tmp, stdin=subprocess.PIPE)
+        except OSError as e:
+            raise GeneratorError(f"{gen.path}: cannot start the isolated LiteRT-LM engine ({sys.executable!r}: "
+                                 f"{e.strerror or e}); generate without --isolate") from None
+        with child:
+            child.proc.stdin.write(json.dumps(req).encode())
+            child.proc.stdin.close()
+            limit = _START_TIMEOUT
+            while True:
+                try:
+                    msg = child.next(limit)
+                except queue.Empty:
+                    child.kill()
+                    raise GeneratorError(f"generate: the LiteRT-LM engine did not answer within {limit:g} s on "
+                                         f"{gen.path} (killed); the bundle may be hostile, or the machine "
+                                         "overloaded: retry with a longer --isolate-timeout") from None
+                if msg is None:
+                    rc = child.wait()
+                    if rc < 0:
+                        raise GeneratorError(f"generate: the LiteRT-LM engine died with {signal_name(-rc)} on "
+                                             f"{gen.path}; the bundle passed the structural check, so bytes only "
+                                             "the engine reads (weights, kernels' inputs) are damaged or hostile: "
+                                             "do not run it without --isolate; convert the model again")
+                    raise GeneratorError(f"generate: the isolated LiteRT-LM engine ended ({exit_status(rc)}"
+                                         f"{stderr_tail(err, ': ')}) on {gen.path} without an answer")
+                kind, payload = msg[0], json.loads(bytes.fromhex(msg[1])) if len(msg) > 1 else None
+                limit = gen.isolate_timeout
+                if kind == "text" and on_text is not None:
+                    on_text(payload)
+                elif kind == "err":
+                    make = _RAISED.get(payload["class"], lambda d: GeneratorError(d["message"]))
+                    raise make(payload)
+                elif kind == "done":
+                    return TextResult(**payload)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
+
+from tpu_export.converter.child_process import TaggedChild, exit_status, stderr_tail
 
 from .errors import ArtifactCorruptError, ArtifactError
 
@@ -63,41 +62,23 @@ def parse_exports_isolated(path: str, exports: list[tuple[str, bytes]], timeout:
             # JAX_PLATFORMS=cpu: the parse needs no device, and the child must never claim the TPU
             # the parent holds or is about to open. cwd=tmp: nothing importable there.
             try:
-                proc = subprocess.Popen([sys.executable, "-c", _CHILD, *names], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=err, cwd=tmp,
-                                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+                child = TaggedChild([sys.executable, "-c", _CHILD, *names], tag=_TAG, stderr=err, cwd=tmp,
+                                    env=dict(os.environ, JAX_PLATFORMS="cpu"))
             except OSError as e:  # no usable sys.executable (an embedded interpreter)
                 raise ArtifactError(f"{path}: cannot start the isolated StableHLO parser ({sys.executable!r}: "
                                     f"{e.strerror or e}); load without isolate") from None
-            lines: queue.Queue = queue.Queue()
-            pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
-            pump.start()
-            try:
-                _watch(proc, lines, path, exports, timeout, err)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
-                pump.join(5.0)  # the pipe is at EOF once the child is gone
-                proc.stdout.close()
+            with child:
+                _watch(child, path, exports, timeout, err)
 
 
-def _pump(stdout, lines: queue.Queue) -> None:
-    for raw in stdout:
-        words = raw.decode("utf-8", "replace").split(maxsplit=3)
-        if words[:1] == [_TAG]:
-            lines.put(words[1:])
-    lines.put(None)
-
-
-def _watch(proc, lines, path, exports, timeout, err):
+def _watch(child, path, exports, timeout, err):
     started = False
     for i in range(-1, len(exports)):  # -1: the child's start-up
         limit = timeout if started else _START_TIMEOUT
         try:
-            msg = lines.get(timeout=limit)
+            msg = child.next(limit)
         except queue.Empty:
-            proc.kill()
+            child.kill()
             if not started:
                 raise ArtifactError(f"{path}: the isolated StableHLO parser ({sys.executable}) did not start within "
                                     f"{limit:g} s; load without isolate, or retry on a less loaded machine") from None
@@ -105,31 +86,15 @@ def _watch(proc, lines, path, exports, timeout, err):
                                        f"{limit:g} s in an isolated child process (killed): corrupted or hostile; "
                                        "do not load it in-process") from None
         if msg is None:  # the child is gone without reporting this step
-            rc = proc.wait()
+            rc = child.wait()
             if not started:
                 raise ArtifactError(f"{path}: the isolated StableHLO parser ({sys.executable}) failed to start "
-                                    f"({_status(rc)}: {_tail(err)}); load without isolate, or fix the environment")
+                                    f"({exit_status(rc)}: {stderr_tail(err)}); load without isolate, or fix the "
+                                    "environment")
             raise ArtifactCorruptError(f"{path}: {exports[i][0]}: its StableHLO crashed the parser in an isolated "
-                                       f"child process ({_status(rc)}{_tail(err, ': ')}): corrupted or hostile; "
-                                       "do not load it in-process")
+                                       f"child process ({exit_status(rc)}{stderr_tail(err, ': ')}): corrupted or "
+                                       "hostile; do not load it in-process")
         if msg[0] == "err":
             raise ArtifactCorruptError(f"{path}: {exports[int(msg[1])][0]}: not a readable jax export "
                                        f"({msg[2] if len(msg) > 2 else 'no message'})")
         started = True
-
-
-def _status(rc: int) -> str:
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit status {rc}"
-
-
-def _tail(err, prefix="") -> str:
-    """The child's last stderr line (e.g. glibc's "malloc(): invalid size"), short."""
-    err.seek(0, os.SEEK_END)
-    err.seek(max(0, err.tell() - 4096))
-    last = [ln for ln in err.read().decode("utf-8", "replace").splitlines() if ln.strip()][-1:]
-    return f"{prefix}{' '.join(last[0].split())[:200]}" if last else ""
