@@ -3,14 +3,23 @@
     model = litert_torch.convert(module, sample_args)
     model(*sample_args); model.export("m.tflite"); litert_torch.load("m.tflite")
     litert_torch.signature("a", m1, args1).signature("b", m2, args2).convert()
+
+It installs as ``tpu_export.litert_torch``; the top-level name ``litert_torch`` is the separate drop-in
+distribution tpu-export-litert-torch (``pip install ./dropin`` from a checkout), which aliases this package.
+``__version__`` is tpu-export's. Importing this package warns (LitertTorchNameWarning) when Google's
+litert-torch is installed beside the drop-in, since only one of them can answer ``import litert_torch``.
 """
 
 from __future__ import annotations
 
+from tpu_export.converter._version import __version__
 from tpu_export.converter.lazy_exports import lazy_getattr
 
+from ._dropin import LitertTorchNameWarning, warn_if_clashing
+
 __all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError",
-           "ModelRunError", "SignatureNotFoundError", "QuantConfig", "QuantizationError", "TfliteFormatError"]
+           "ModelRunError", "SignatureNotFoundError", "QuantConfig", "QuantizationError", "TfliteFormatError",
+           "LitertTorchNameWarning", "__version__"]
 
 _WHERE = {
     "convert": "_convert",
@@ -39,3 +48,6 @@ def __getattr__(name):
 
         return TfliteFormatError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+warn_if_clashing()

@@ -10,9 +10,10 @@ first use.
 
 from __future__ import annotations
 
+from tpu_export.converter._version import __version__
 from tpu_export.converter.lazy_exports import lazy_getattr
 
-__all__ = ["convert", "main"]
+__all__ = ["convert", "main", "__version__"]
 
 _WHERE = {"convert": "multi_target", "main": "cli"}
 

@@ -24,6 +24,7 @@ EPILOG = """examples:
   tpu-export inspect out/model.tpuexp
   tpu-export run out/model.tpuexp --input image=x.npy --save-outputs outs.npz
   tpu-export ops
+  tpu-export doctor
   tpu-export convert-lm my_llm_dir/ --target android --target tpu-v6e --prefill 32,128 --cache 1024 -o out/
   tpu-export generate out/android/model.litertlm --prompt "Once upon a time" --max-new-tokens 64
   tpu-export generate out/tpu-v6e --prompt "Hi" --temperature 0.8 --top-p 0.9 --seed 1 --chat
@@ -226,6 +227,12 @@ def cmd_ops(a) -> int:
     return 0
 
 
+def cmd_doctor(a) -> int:
+    from .doctor import run_doctor
+
+    return run_doctor()
+
+
 def cmd_demo(a) -> int:
     from .demo import run_demo
 
@@ -305,6 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     o = sub.add_parser("ops", help="the core ATen op support table of both backends")
     o.set_defaults(fn=cmd_ops)
+
+    dr = sub.add_parser("doctor", help="versions of torch, jax, libtpu, LiteRT and LiteRT-LM, and which installed "
+                                       "distribution `import litert_torch` loads (exit 1 when two provide it)")
+    dr.set_defaults(fn=cmd_doctor)
     return p
 
 
