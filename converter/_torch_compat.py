@@ -42,6 +42,7 @@ __all__ = [
     "is_dynamo_error",
     # .pt2 deserialization
     "payload_config",
+    "TensorLayout",
     "tensor_layout",
     "serde_sym_ops",
     "deserialize_program",
@@ -280,6 +281,8 @@ def payload_config(raw: dict):
 
 
 class TensorLayout(NamedTuple):
+    """How a serialized tensor's storage is viewed: torch types, ready for torch.as_strided."""
+
     dtype: Any
     device: Any
     size: Any
