@@ -82,7 +82,7 @@ def check_generate_args(prompt=None, max_new_tokens=None, sampling=None, *, voca
         if k is not None and (not _is_int(k) or k < 1):
             raise GenerateArgumentError("top_k", f"must be an integer >= 1, got {k!r} (leave it out for all tokens)")
         if k is not None and vocab is not None and k > vocab:
-            raise GenerateArgumentError("top_k", f"is {k}, more than the model's {vocab}-token vocabulary: give at "
+            raise GenerateArgumentError("top_k", f"{k} is more than the model's {vocab}-token vocabulary: give at "
                                                  f"most {vocab} (or leave it out for all tokens)")
         if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1):
             raise GenerateArgumentError("top_p", f"must be a number in (0, 1], got {p!r}")

@@ -300,6 +300,7 @@ _ALL_TOKENS = 1 << 20  # top_k when none is given: the engine's own default is 1
 DEFAULT_ISOLATE_TIMEOUT = 60.0  # seconds between the isolated engine's answers (a token, the load)
 _START_TIMEOUT = 300.0  # the child's imports (~1 s, far longer on a loaded machine) are not the bundle's fault
 _TAG = "@@tpu-export-engine"
+_NO_CACHE = ":nocache"  # LiteRT-LM's cache_dir for no weight cache file at all
 
 
 class _EngineLog:
@@ -338,12 +339,15 @@ class EngineGenerator:
     signal; no answer for ``isolate_timeout`` seconds kills it)."""
 
     def __init__(self, path: str, threads: int | None = None, quiet: bool = True, verbose: bool = False,
-                 isolate: bool = False, isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT):
+                 isolate: bool = False, isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT, cache_dir: str | None = None):
         from tpu_export.edge.litertlm_check import check_litertlm
 
         if isolate and not isolate_timeout > 0:
             raise GeneratorError(f"isolate_timeout must be a positive number of seconds, got {isolate_timeout!r}")
-        self.path, self.threads, self.verbose = path, threads, verbose
+        # the engine's XNNPACK weight cache: by default none, neither written beside the bundle nor read from there
+        # (a cache file named after the bundle's mtime and size would be loaded unchecked, and a bundle rewritten
+        # with the same mtime and size would run stale weights); ``cache_dir``: a folder of the caller's own
+        self.path, self.threads, self.verbose, self.cache_dir = path, threads, verbose, cache_dir
         self.isolate, self.isolate_timeout = isolate, isolate_timeout
         info = check_litertlm(path)  # BundleFormatError, one line, before the engine reads a byte
         self.vocab = info["vocab"]
@@ -359,7 +363,8 @@ class EngineGenerator:
         backend = litert_lm.Backend.CPU(thread_count=self.threads) if self.threads else litert_lm.Backend.CPU()
         with _EngineLog(self.verbose) as log:
             try:
-                return litert_lm.Engine(self.path, backend=backend, enable_benchmark=True)
+                return litert_lm.Engine(self.path, backend=backend, enable_benchmark=True,
+                                        cache_dir=self.cache_dir or _NO_CACHE)
             except RuntimeError as e:
                 raise GeneratorError(f"{self.path}: the LiteRT-LM engine cannot load it ({' '.join(str(e).split())}"
                                      f"{log.tail()}); is it a .litertlm bundle written by convert-lm or "
@@ -442,7 +447,7 @@ def _serve_isolated() -> None:
     req = json.loads(sys.stdin.read())
     _say("ready", None)
     try:
-        gen = EngineGenerator(req["path"], threads=req["threads"], verbose=req["verbose"])
+        gen = EngineGenerator(req["path"], threads=req["threads"], verbose=req["verbose"], cache_dir=req["cache_dir"])
         s = req["sampling"]
         res = gen.generate(req["prompt"], req["max_new_tokens"], sampling=Sampling(**s) if s else None,
                            chat=req["chat"], on_text=lambda t: _say("text", t))
@@ -460,6 +465,7 @@ def _generate_isolated(gen: EngineGenerator, prompt, max_new_tokens, sampling, c
     from tpu_export.converter.child_process import TaggedChild, exit_status, signal_name, stderr_tail
 
     req = {"path": os.path.abspath(gen.path), "threads": gen.threads, "verbose": gen.verbose, "prompt": prompt,
+           "cache_dir": gen.cache_dir and os.path.abspath(gen.cache_dir),
            "max_new_tokens": max_new_tokens, "chat": chat,
            "sampling": dataclasses.asdict(sampling) if sampling is not None else None}
     with tempfile.TemporaryDirectory(prefix="tpu-export-engine-") as tmp, \
