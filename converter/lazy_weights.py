@@ -95,8 +95,9 @@ class _Spool:
 class _FileMap(_Spool):
     """A file mapped privately as it is (a safetensors shard): a spool whose bytes were never copied."""
 
-    def __init__(self, path: str):
-        with open(path, "rb") as f:
+    def __init__(self, path: str, fd: int | None = None):
+        """``fd``: the shard already opened by converter/untrusted.py's rule (the map keeps no descriptor)."""
+        with open(path, "rb") if fd is None else os.fdopen(os.dup(fd), "rb") as f:
             self.size = os.fstat(f.fileno()).st_size
             # private, as the spool's: a write to a parameter never reaches the user's file
             self.map = mmap.mmap(f.fileno(), self.size, access=mmap.ACCESS_COPY) if self.size else None

@@ -53,13 +53,15 @@ class Stages:
 
 
 def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,), cache_len: int | None = None,
-               quantize=None, progress: Callable[[str], None] | None = None) -> dict:
+               quantize=None, progress: Callable[[str], None] | None = None,
+               allow_nonfinite_weights: bool = False) -> dict:
     """Convert ``source`` for ``targets`` (names, or {name: options}) into ``out_dir``; {target: {file: path}}.
 
     ``cache_len``: slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
     module brings its own). ``quantize``: a scheme for every target that takes it (edge: dynamic_int8,
     weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16; TPU: weight_only_int8; TPU bf16 is the
-    target option dtype="bfloat16"); per-target options override it.
+    target option dtype="bfloat16"); per-target options override it. ``allow_nonfinite_weights``: convert a model
+    with NaN or infinite weights (warned) instead of refusing it.
     """
     say = progress or (lambda msg: None)
     resolved, opts = _resolve(targets, quantize)
@@ -67,7 +69,7 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
     _check_out_dir(out_dir)
     stages = Stages(say)
     with stages("load", f"reading {source if isinstance(source, (str, os.PathLike)) else type(source).__name__}"):
-        src = load_lm_source(source, tokenizer)
+        src = load_lm_source(source, tokenizer, allow_nonfinite_weights=allow_nonfinite_weights)
     if any(t.backend == "edge" for t in resolved):
         src.require_tokenizer("the .litertlm bundle")  # before the capture, not after minutes of it
     check_lm_chat_template(source, src)
@@ -140,6 +142,10 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
                                 "change it (build the module with that cache length, or leave cache_len out)")
         with torch.no_grad():
             return prepare_many(lm_requests(src.model, prefill_lengths, prefill_logits=False)), src.model.spec
+    from .lm_dir import check_lengths, layer_dims
+
+    # before anything is allocated: the cache must fit this machine's memory, the prefill the cache
+    check_lengths(*layer_dims(src.model.config), list(prefill_lengths), int(cache_len or DEFAULT_CACHE_LEN), src.name)
     # prefill without logits: both runtimes' loops (LiteRT-LM's, tpu_export.generate's) never read them
     return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN),
                       prefill_logits=False)

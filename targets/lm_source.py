@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 
 __all__ = ["LmSource", "LmSourceError", "load_lm_source"]
@@ -48,15 +47,18 @@ class LmSource:
         return self.tokenizer_json
 
 
-def load_lm_source(source, tokenizer=None) -> LmSource:
-    """``source``: a model directory path, a transformers causal LM, or a cache-protocol module."""
+def load_lm_source(source, tokenizer=None, *, allow_nonfinite_weights: bool = False) -> LmSource:
+    """``source``: a model directory path, a transformers causal LM, or a cache-protocol module.
+    ``allow_nonfinite_weights``: convert a model with NaN or infinite weights (warned) instead of refusing it."""
     if isinstance(source, (str, os.PathLike)):
         if tokenizer is not None:
             raise LmSourceError(f"{os.fspath(source)}: a model directory brings its own tokenizer; drop tokenizer=")
-        return _from_dir(os.fspath(source))
+        return _from_dir(os.fspath(source), allow_nonfinite_weights)
     import torch
 
     from tpu_export.converter.llm import CacheSpec
+
+    from .lm_dir import check_finite, check_vocab
 
     if not isinstance(source, torch.nn.Module):
         raise LmSourceError(f"cannot convert a {type(source).__name__} as an LLM: give a Hugging Face model "
@@ -72,88 +74,98 @@ def load_lm_source(source, tokenizer=None) -> LmSource:
     else:
         raise LmSourceError(f"{name} is neither a transformers causal LM (config, get_input_embeddings) nor a module "
                             "with the cache protocol (a converter.llm.CacheSpec as .spec): see targets/lm_source.py")
+    check_finite(source, name, allow=allow_nonfinite_weights)
     if tokenizer is not None:
         src.tokenizer_json, template, stops, bos = _tokenizer_parts(tokenizer)
         src.chat_template = template
         src.stop_token_ids = src.stop_token_ids or stops
         src.bos_token_id = src.bos_token_id if src.bos_token_id is not None else bos
+        if not src.protocol:
+            check_vocab(src.tokenizer_json, source.get_input_embeddings().weight.shape[0], f"{name}'s tokenizer")
     return src
 
 
-def _from_dir(path: str) -> LmSource:
+def _has_safetensors(path: str) -> bool:
+    return bool(glob.glob(os.path.join(glob.escape(path), "*.safetensors")))
+
+
+def _from_dir(path: str, allow_nonfinite: bool = False) -> LmSource:
+    from .lm_dir import check_finite, check_vocab, read_model_dir, token_ids
+
     if not os.path.isdir(path):
         raise LmSourceError(f"{path}: not a directory; give a Hugging Face model directory (config.json, "
                             "*.safetensors, tokenizer.json)")
-    if not os.path.isfile(os.path.join(path, "config.json")):
+    if not os.path.lexists(os.path.join(path, "config.json")):
         raise LmSourceError(f"{path}: no config.json, so not a Hugging Face model directory; write one with "
                             "model.save_pretrained(DIR)")
-    if not glob.glob(os.path.join(path, "*.safetensors")):
+    if not _has_safetensors(path) and not os.path.lexists(os.path.join(path, "model.safetensors.index.json")):
         pickles = sorted(os.path.basename(p) for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt")
-                         for p in glob.glob(os.path.join(path, pat)))
+                         for p in glob.glob(os.path.join(glob.escape(path), pat)))
         if pickles:
             raise LmSourceError(f"{path}: weights only in {', '.join(pickles)} (pickle, which can run code when "
                                 "loaded; tpu-export never unpickles); convert once where you trust the file: "
                                 "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR) writes "
                                 "model.safetensors")
         raise LmSourceError(f"{path}: no *.safetensors weights; save the model with model.save_pretrained(DIR)")
-    tok_path = os.path.join(path, "tokenizer.json")
-    if not os.path.isfile(tok_path):
+    if not os.path.lexists(os.path.join(path, "tokenizer.json")):
         raise LmSourceError(f"{path}: no tokenizer.json (the fast tokenizer the bundle and `generate` use); save it "
                             "with AutoTokenizer.from_pretrained(...).save_pretrained(DIR)")
-    model = _load_model(path)
-    tok_cfg = _json(os.path.join(path, "tokenizer_config.json"))
-    gen = _json(os.path.join(path, "generation_config.json"))
-    cfg = model.config
-    stops = _ids(gen.get("eos_token_id")) or _ids(cfg.eos_token_id)
-    with open(tok_path, encoding="utf-8") as f:
-        tok_json = f.read()
-    return LmSource(model, os.path.basename(os.path.normpath(path)), tokenizer_json=tok_json,
-                    stop_token_ids=stops, bos_token_id=_first(gen.get("bos_token_id"), cfg.bos_token_id),
-                    chat_template=_dir_template(path, tok_cfg))
+    md = read_model_dir(path)  # every file checked, the config against the weights, before anything is built
+    try:
+        cfg = md.config
+        vocab = getattr(cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg, "vocab_size", None)
+        gen_at, cfg_at = os.path.join(path, "generation_config.json"), os.path.join(path, "config.json")
+        stops = (token_ids(md.generation.get("eos_token_id"), gen_at, "eos_token_id", vocab)
+                 or token_ids(getattr(cfg, "eos_token_id", None), cfg_at, "eos_token_id", vocab))
+        bos = (token_ids(md.generation.get("bos_token_id"), gen_at, "bos_token_id", vocab)
+               or token_ids(getattr(cfg, "bos_token_id", None), cfg_at, "bos_token_id", vocab))
+        model = _load_model(path, md)
+    finally:
+        md.checkpoint.close()
+    name = os.path.basename(os.path.normpath(path))
+    check_finite(model, path, allow=allow_nonfinite)
+    check_vocab(md.tokenizer_json, model.get_input_embeddings().weight.shape[0], os.path.join(path, "tokenizer.json"))
+    template = md.chat_template if md.chat_template is not None else _template(md.tokenizer_config.get("chat_template"))
+    return LmSource(model, name, tokenizer_json=md.tokenizer_json, stop_token_ids=stops,
+                    bos_token_id=bos[0] if bos else None, chat_template=template)
 
 
-def _load_model(path: str):
+def _load_model(path: str, md):
     from tpu_export.converter.gc_pause import gc_paused
 
     try:
         # the collector paused as for the capture: importing transformers and building the model made ~1 s of
-        # collections in the 0.84 B Llama's convert-lm (#15)
+        # collections in the 0.84 B Llama's convert-lm
         with gc_paused():
             import torch
             import transformers
 
             from .lm_stream import load_lazily
 
-            lazy = load_lazily(path)  # past 1 GiB of float32 weights: parameters mapped or in a spool, not memory
+            # past 1 GiB of float32 weights: parameters mapped or in a spool, not memory
+            lazy = load_lazily(path, config=md.config, checkpoint=md.checkpoint) if md.names_match else None
             if lazy is not None:
                 return lazy
-            return transformers.AutoModelForCausalLM.from_pretrained(
-                path, local_files_only=True, use_safetensors=True, trust_remote_code=False, dtype=torch.float32).eval()
+            # every file transformers opens here (generation_config.json, the index, the shards) was checked by
+            # read_model_dir; config.json is not reopened (our parsed copy is passed)
+            model, info = transformers.AutoModelForCausalLM.from_pretrained(
+                path, config=md.config, local_files_only=True, use_safetensors=True, trust_remote_code=False,
+                dtype=torch.float32, output_loading_info=True)
+    except LmSourceError:
+        raise
     except Exception as e:  # noqa: BLE001 - transformers raises many types; the user gets one line naming the dir
         from tpu_export.converter.errors import one_line
 
         raise LmSourceError(f"{path}: transformers cannot load it as a causal LM from local safetensors: "
                             f"{one_line(e)}") from None
-
-
-def _json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        raise LmSourceError(f"{path}: not readable JSON ({e}); fix or remove the file") from None
-    return data if isinstance(data, dict) else {}
-
-
-def _dir_template(path: str, tok_cfg: dict) -> str | None:
-    """The chat template: chat_template.jinja (transformers >= 4.43 writes it there) or tokenizer_config.json's."""
-    jinja = os.path.join(path, "chat_template.jinja")
-    if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            return f.read()
-    return _template(tok_cfg.get("chat_template"))
+    for key, what in (("missing_keys", "is not in the safetensors weights, but the config's model has it"),
+                      ("unexpected_keys", "is in the safetensors weights, but the config's model has no such tensor"),
+                      ("mismatched_keys", "has another shape in the safetensors weights than the config gives it")):
+        names = sorted(str(k if isinstance(k, str) else k[0]) for k in (info.get(key) or ()))
+        if names:
+            raise LmSourceError(f"{path}: tensor {names[0]!r} ({len(names)} in all) {what}. Fix: save config.json "
+                                "and the complete weights together (model.save_pretrained(DIR))")
+    return model.eval()
 
 
 def _template(t) -> str | None:
@@ -164,9 +176,9 @@ def _template(t) -> str | None:
 
 
 def _ids(v) -> tuple:
-    if v is None:
-        return ()
-    return tuple(int(x) for x in (v if isinstance(v, (list, tuple)) else [v]))
+    from .lm_dir import token_ids
+
+    return token_ids(v, "the model's generation config", "eos_token_id", None)
 
 
 def _first(*vals):
@@ -184,8 +196,13 @@ def _tokenizer_parts(tok):
     """(tokenizer.json text, chat template, eos ids, bos id) of a transformers fast tokenizer, a
     tokenizers.Tokenizer or a tokenizer.json path."""
     if isinstance(tok, (str, os.PathLike)):
-        with open(tok, encoding="utf-8") as f:
-            return f.read(), None, (), None
+        from tpu_export.converter.untrusted import UntrustedFileError, limit, read_text
+
+        try:
+            return read_text(tok, max_bytes=limit("tokenizer"), what="tokenizer.json", cap_name="tokenizer"), \
+                None, (), None
+        except UntrustedFileError as e:
+            raise LmSourceError(str(e)) from None
     if hasattr(tok, "to_str"):  # tokenizers.Tokenizer
         return tok.to_str(), None, (), None
     backend = getattr(tok, "backend_tokenizer", None)

@@ -20,21 +20,7 @@ __all__ = ["STREAM_LM_FROM", "load_lazily", "streamed_scheme", "write_edge_lm_st
 STREAM_LM_FROM = 1 << 30
 
 
-def _checkpoint_shapes(path: str) -> dict:
-    """{tensor name: shape} of a directory's safetensors shards, from their headers (no tensor is read)."""
-    import glob
-
-    from safetensors import safe_open
-
-    out = {}
-    for shard in glob.glob(os.path.join(path, "*.safetensors")):
-        with safe_open(shard, framework="pt") as f:
-            for k in f.keys():
-                out[k] = tuple(int(d) for d in f.get_slice(k).get_shape())
-    return out
-
-
-def load_lazily(path: str, dtype=None):
+def load_lazily(path: str, dtype=None, *, config=None, checkpoint=None):
     """The directory's causal LM with its parameters in a file-backed spool, read one tensor at a time (cast to
     ``dtype`` as read: a bf16 directory never has a float32 copy in memory), or None under ``STREAM_LM_FROM`` bytes
     in ``dtype`` (a small model loads as before) or when the checkpoint's names or shapes are not the parameters' (a
@@ -43,30 +29,44 @@ def load_lazily(path: str, dtype=None):
     (map_safetensors: a checkpoint stored in ``dtype`` is not copied) or filled by materialize from safetensors_loader
     (another dtype, cast as read); the conversion pages the weights in as it reads them and gives the pages back.
     ``dtype``: the parameters' (default float32, what convert-lm converts; bench/large.py keeps a bf16 directory
-    bf16 for the TPU artifact)."""
+    bf16 for the TPU artifact). ``config``, ``checkpoint``: the directory already read and checked (targets/lm_dir.py);
+    without them it is read here by the same rule."""
     import torch
     import transformers
 
     from tpu_export.converter.lazy_weights import materialize, params_on_meta
-    from tpu_export.converter.safetensors_weights import map_safetensors, safetensors_loader
+    from tpu_export.converter.safetensors_weights import map_safetensors, read_checkpoint, safetensors_loader
 
     dtype = torch.float32 if dtype is None else dtype
-    shapes = _checkpoint_shapes(path)
-    if dtype.itemsize * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
-        return None
-    cfg = transformers.AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
-    with params_on_meta():
-        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype, trust_remote_code=False)
-    model.eval()
-    if any(shapes.get(name) != tuple(p.shape) for name, p in model.named_parameters()):
-        # checkpoint keys transformers renames or fuses as it loads (Mixtral's experts): its own loader, whole
-        return None
-    # a checkpoint stored in the parameters' dtype is mapped where it lies (no copy); another dtype is cast into
-    # a spool as it is read
-    mapped = map_safetensors(model, path)
-    _, spool = mapped if mapped is not None else materialize(model, safetensors_loader(path))
-    model.tpu_export_spool = spool  # alive as long as the model: drop_pages finds the spool by a weak reference
-    return model
+    ckpt = checkpoint if checkpoint is not None else read_checkpoint(path)
+    try:
+        shapes = {k: e.shape for k, e in ckpt.tensors.items()}
+        if dtype.itemsize * sum(math.prod(s) for s in shapes.values()) <= STREAM_LM_FROM:
+            return None
+        if config is None:
+            from .lm_dir import hf_config
+
+            config = hf_config(ckpt.folder.read_json("config.json"), ckpt.folder.shown("config.json"))
+        with params_on_meta():
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=False)
+        model.eval()
+        if any(shapes.get(name) != tuple(p.shape) for name, p in model.named_parameters()):
+            # checkpoint keys transformers renames or fuses as it loads (Mixtral's experts): its own loader, whole
+            return None
+        # a checkpoint stored in the parameters' dtype is mapped where it lies (no copy); another dtype is cast into
+        # a spool as it is read
+        mapped = map_safetensors(model, path, ckpt)
+        if mapped is None:
+            loader = safetensors_loader(path)
+            try:
+                mapped = materialize(model, loader)
+            finally:
+                loader.close()
+        model.tpu_export_spool = mapped[1]  # alive as long as the model: drop_pages finds it by a weak reference
+        return model
+    finally:
+        if checkpoint is None:
+            ckpt.close()
 
 
 def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:

@@ -23,7 +23,8 @@ def cmd_convert_lm(a) -> int:
 
         hf_logging.disable_progress_bar()
     written = convert_lm(a.model_dir, targets, a.output, prefill_lengths=lengths, cache_len=a.cache,
-                         quantize=a.quantize, progress=_cli()._progress(a.quiet))
+                         quantize=a.quantize, progress=_cli()._progress(a.quiet),
+                         allow_nonfinite_weights=a.allow_nonfinite_weights)
     for t, files in written.items():
         for f, p in sorted(files.items()):
             if f.startswith("model."):
@@ -71,6 +72,8 @@ def add_lm_commands(sub) -> None:
     lm.add_argument("--cache-dir", metavar="DIR",
                     help="TPU targets: the AOT compile cache, as for convert "
                          "(default: $TPU_EXPORT_AOT_CACHE, else none)")
+    lm.add_argument("--allow-nonfinite-weights", action="store_true",
+                    help="convert a model whose weights hold NaN or infinity (warned) instead of refusing it")
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(fn=cmd_convert_lm)
 

@@ -71,9 +71,10 @@ def export(model, output_dir: str, task: str = "text_generation", keep_temporary
            trust_remote_code: bool = False, prefill_lengths=None, cache_length: int | None = None,
            cache_lengths=None, quantization_recipe: str | None = None, k_ts_idx: int | None = None,
            v_ts_idx: int | None = None, use_jinja_template: bool | None = None, bundle_litert_lm: bool | None = None,
-           model_dtype: str | None = None, tokenizer=None, **kwargs) -> str:
+           model_dtype: str | None = None, tokenizer=None, allow_nonfinite_weights: bool = False, **kwargs) -> str:
     """Export ``model`` into ``output_dir``: ``model.litertlm`` (and ``model.tflite`` with keep_temporary_files or
-    bundle_litert_lm=False). Returns the path of the main file written."""
+    bundle_litert_lm=False). Returns the path of the main file written. ``allow_nonfinite_weights`` (beyond the
+    peer): convert a model with NaN or infinite weights, warned, instead of refusing it."""
     _refuse(kwargs)
     if str(getattr(task, "value", task)) != "text_generation":
         raise NotImplementedError(f"export_hf.export: task={task!r} is not supported: {_TEXT}")
@@ -98,7 +99,8 @@ def export(model, output_dir: str, task: str = "text_generation", keep_temporary
                                 "downloaded: fetch it first (huggingface-cli download ID --local-dir DIR)")
     return _export(model, tokenizer, os.fspath(output_dir), lengths, cache, _scheme(quantization_recipe),
                    keep_tflite=bool(keep_temporary_files) or bundle_litert_lm is False,
-                   bundle=bundle_litert_lm is not False, template=use_jinja_template is not False)
+                   bundle=bundle_litert_lm is not False, template=use_jinja_template is not False,
+                   allow_nonfinite=bool(allow_nonfinite_weights))
 
 
 def _refuse(kwargs) -> None:
@@ -132,7 +134,8 @@ def _scheme(recipe):
     return RECIPES[r]
 
 
-def _export(model, tokenizer, output_dir, lengths, cache, scheme, *, keep_tflite, bundle, template) -> str:
+def _export(model, tokenizer, output_dir, lengths, cache, scheme, *, keep_tflite, bundle, template,
+            allow_nonfinite=False) -> str:
     from tpu_export.converter.atomic import write_file
     from tpu_export.targets import get_target, options_for
     from tpu_export.targets.lm import Stages, capture_lm, edge_lm_bytes, write_litertlm_bundle
@@ -140,7 +143,7 @@ def _export(model, tokenizer, output_dir, lengths, cache, scheme, *, keep_tflite
 
     target = get_target("android")
     opts = options_for(target, {"quant_config": scheme})  # the scheme checked before any work
-    src = load_lm_source(model, tokenizer)
+    src = load_lm_source(model, tokenizer, allow_nonfinite_weights=allow_nonfinite)
     if bundle:
         src.require_tokenizer("the .litertlm bundle")
     if not template:
