@@ -1,7 +1,8 @@
 """The one atomic writer: every file and directory we publish lands whole, or not at all.
 
 - ``write_file(path, data)``: a uniquely named temp file in the same folder, created with the umask's
-  mode (not mkstemp's 0600), fsync, rename into place, fsync the folder.
+  mode (not mkstemp's 0600), fsync, rename into place, fsync the folder. A full disk (or quota) is a
+  one-line ``DiskFullError`` naming ``path``, with the temp file removed.
 - ``staging_dir(target)``: a uniquely named folder beside ``target`` (``.<name>.tmp-<pid>-*``)
   to build a directory in; ``publish_dir(stage, target)`` puts it at ``target``.
 - A directory publish swaps the two names in one step (Linux ``renameat2(RENAME_EXCHANGE)``), so a
@@ -22,7 +23,22 @@ import re
 import secrets
 import shutil
 
-__all__ = ["write_file", "staging_dir", "publish_dir", "recover", "discard", "fsync_dir"]
+__all__ = ["DiskFullError", "write_file", "staging_dir", "publish_dir", "recover", "discard", "fsync_dir"]
+
+_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+class DiskFullError(OSError):
+    """The filesystem ran out of space (or quota) while a file was written; nothing is left at its path."""
+
+    def __init__(self, path: str, err: int):
+        what = "the disk quota is exceeded" if err != errno.ENOSPC else "no space left on the device"
+        super().__init__(err, f"{path}: {what} while writing it; nothing was written there. Fix: free space on "
+                              f"the filesystem of {os.path.dirname(path) or '.'} or write elsewhere")
+        self.path = path
+
+    def __str__(self) -> str:
+        return self.strerror
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -76,9 +92,11 @@ def write_file(path, data) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.errno in _FULL and not isinstance(e, DiskFullError):
+            raise DiskFullError(path, e.errno) from None
         raise
     fsync_dir(folder)
     return path
