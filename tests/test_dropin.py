@@ -72,7 +72,9 @@ print(json.dumps(out))
 """
 
 
-def _google_wheel() -> str:
+@pytest.fixture(scope="module")
+def google_wheel() -> str:
+    """The path of PyPI's litert-torch 0.10.0 wheel (checked before anything is built)."""
     if not os.path.isfile(GOOGLE_WHEEL):
         msg = (f"Google's litert-torch 0.10.0 wheel is not at {GOOGLE_WHEEL}; the install step downloads it: "
                "`.venv/bin/pip download -q --no-deps litert-torch==0.10.0 -d .whl`")
@@ -178,8 +180,9 @@ def test_the_dropin_alone_answers_import_litert_torch_with_the_facade(tmp_path, 
 @pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("google_first", [True, False], ids=["google-then-dropin", "dropin-then-google"])
-def test_next_to_googles_litert_torch_nothing_is_replaced_and_tpu_export_says_so(tmp_path, wheels, google_first):
-    google = _google_wheel()
+def test_next_to_googles_litert_torch_nothing_is_replaced_and_tpu_export_says_so(google_wheel, wheels, tmp_path,
+                                                                                 google_first):
+    google = google_wheel
     _, dropin, _ = wheels
     python, site, env = _venv(tmp_path, wheels, *((google, dropin) if google_first else (dropin, google)))
     _intact(site, google)
@@ -200,6 +203,12 @@ def test_next_to_googles_litert_torch_nothing_is_replaced_and_tpu_export_says_so
     assert doctor.returncode == 1
     assert doctor.stderr.count("tpu-export: warning: two installed distributions") == 1, doctor.stderr
     assert f"{os.path.join(site, 'litert_torch', '__init__.py')} (litert-torch)" in doctor.stdout
+    if google_first:  # the demo's .tflite leg loads through tpu-export's facade, never Google's package
+        tool = os.path.join(env["PATH"].split(os.pathsep)[0], "tpu-export")
+        demo = subprocess.run([tool, "demo", "--target", "android", "-o", str(tmp_path / "demo"), "--quiet"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert demo.returncode == 0 and "all outputs match torch eager" in demo.stdout, demo.stderr[-3000:]
+        assert demo.stderr.count("tpu-export: warning: two installed distributions") == 1, demo.stderr
 
     # each way to choose that the warning names leaves the other distribution whole and the name answered by it
     if google_first:
