@@ -75,9 +75,14 @@ def _env_of(cap_name: str | None) -> str:
     return f"; or raise the cap with TPU_EXPORT_MAX_{cap_name.upper()}_BYTES" if cap_name else ""
 
 
+def _subject(what: str | None) -> str:
+    """'the shard ' before 'is a FIFO'; nothing where the message's path already says which file."""
+    return f"{what} " if what else ""
+
+
 def _not_regular(path: str, mode: int, what: str) -> UntrustedFileError:
-    return UntrustedFileError(path, f"{what} is {kind_of(mode)}, not a regular file", "put the real file there "
-                              "(a FIFO or device never ends or never answers; it is never read)",
+    return UntrustedFileError(path, f"{_subject(what)}is {kind_of(mode)}, not a regular file", "put the real file "
+                              "there (a FIFO or device never ends or never answers; it is never read)",
                               reason="not_regular", mode=mode)
 
 
@@ -88,8 +93,9 @@ def _regular_fd(fd: int, path: str, what: str, max_bytes: int | None, cap_name: 
         if not stat.S_ISREG(st.st_mode):
             raise _not_regular(path, st.st_mode, what)
         if max_bytes is not None and st.st_size > max_bytes:
-            raise UntrustedFileError(path, f"{what} is {st.st_size} bytes, more than the {max_bytes} this tool reads "
-                                     "for it", f"check it is the right file{_env_of(cap_name)}", reason="too_large")
+            raise UntrustedFileError(path, f"{_subject(what)}is {st.st_size} bytes, more than the {max_bytes} this "
+                                     "tool reads for it", f"check it is the right file{_env_of(cap_name)}",
+                                     reason="too_large")
         os.set_blocking(fd, True)
         return fd
     except BaseException:
@@ -210,7 +216,7 @@ class Folder:
              cap_name: str | None = None, follow_inside: bool = True) -> tuple[int, int]:
         """(blocking descriptor, size) of the regular file ``rel`` within ``max_bytes``; the caller closes it."""
         fd = self.open_path(rel, follow_inside=follow_inside)
-        fd = _regular_fd(fd, self.shown(rel), what or rel, max_bytes, cap_name)
+        fd = _regular_fd(fd, self.shown(rel), what, max_bytes, cap_name)
         return fd, os.fstat(fd).st_size
 
     def read_bytes(self, rel: str, *, max_bytes: int, cap_name: str | None = None, what: str | None = None) -> bytes:

@@ -58,7 +58,7 @@ def test_a_fifo_is_refused_at_once(tmp_path):
     os.mkfifo(tmp_path / "f.json")
     r = probe(f"Folder({str(tmp_path)!r}).read_json('f.json')",
               setup="from tpu_export.converter.untrusted import Folder", timeout=30)
-    assert r["error"] == "UntrustedFileError" and "f.json is a FIFO, not a regular file" in r["message"], r
+    assert r["error"] == "UntrustedFileError" and "f.json: is a FIFO, not a regular file" in r["message"], r
     r = probe(f"read_bytes({str(tmp_path / 'f.json')!r}, max_bytes=10)",
               setup="from tpu_export.converter.untrusted import read_bytes", timeout=30)
     assert r["error"] == "UntrustedFileError" and "is a FIFO" in r["message"] and r["seconds"] < 2, r
