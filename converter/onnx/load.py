@@ -15,7 +15,7 @@ import contextlib
 import os
 
 from ..errors import ConversionError, one_line
-from ..untrusted import Folder, UntrustedFileError
+from ..untrusted import Folder, UntrustedFileError, open_regular
 from .wire import RAW_ITEMSIZE, MappedWeights, map_file, parse_mapped, plain_raw
 
 __all__ = ["OnnxImportError", "load_model", "check_and_infer", "tensor_nbytes"]
@@ -36,8 +36,13 @@ def load_model(model, base_dir: str | None = None):
     mapped = None
     if isinstance(model, (str, os.PathLike)):
         where = os.fspath(model)
-        if not os.path.isfile(where):
+        if not os.path.lexists(where):
             raise OnnxImportError(f"{where}: no such file. Fix: give the path of an .onnx file")
+        if not os.path.isfile(where):  # a FIFO, a device, a directory: refused by the rule's own words
+            try:
+                os.close(open_regular(where, what="the .onnx file")[0])
+            except UntrustedFileError as e:
+                raise OnnxImportError(str(e)) from None
         base_dir = os.path.dirname(os.path.abspath(where))
         try:
             proto, mapped = parse_mapped(where)

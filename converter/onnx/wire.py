@@ -149,8 +149,13 @@ def parse_mapped(path: str):
     proto = onnx.ModelProto()
     m = map_file(path)
     if m is None:  # empty (protobuf parses it as an empty model), or a filesystem that cannot map files
-        with open(path, "rb") as f:
-            _parse_whole(proto, f.read())
+        from ..untrusted import open_regular, read_exact
+
+        fd, size = open_regular(path, what="the .onnx file")  # the same rule as the map's: a regular file, bounded
+        try:
+            _parse_whole(proto, read_exact(fd, size, path))
+        finally:
+            os.close(fd)
         return proto, None
     try:
         with memoryview(m) as view:
