@@ -248,6 +248,8 @@ def check_finite(model, name: str, *, allow: bool = False) -> None:
 
     import torch
 
+    from tpu_export.converter.lazy_weights import spool_holding
+
     seen = set()
     bad = []
     with torch.no_grad():
@@ -260,6 +262,12 @@ def check_finite(model, name: str, *, allow: bool = False) -> None:
                 if not bool(torch.isfinite(flat[at:at + _PIECE]).all()):
                     bad.append(n)
                     break
+            # a weight mapped from its shard (or a spool) gives its pages back once checked: the check reads
+            # the model once and keeps no more of it resident than the conversion would
+            nbytes = t.numel() * t.element_size()
+            sp = spool_holding(t.data_ptr(), nbytes) if t.is_contiguous() else None
+            if sp is not None:
+                sp.release(t.data_ptr(), nbytes)
     if not bad:
         return
     what = f"weight {bad[0]!r}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")

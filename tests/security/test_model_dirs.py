@@ -274,3 +274,19 @@ def test_export_hf_refuses_the_same_directory(d, tmp_path):
     with pytest.raises(LmSourceError, match=f"{DOWN}"):
         export_hf.export(model=str(d), output_dir=str(tmp_path / "out"), prefill_lengths=[8], cache_length=64)
     assert not os.path.lexists(tmp_path / "out")
+
+
+def test_nan_weights_are_found_in_a_mapped_model_too(d, tmp_path, monkeypatch):
+    """Past the streaming threshold the weights are maps of the shard, never in memory: checked all the same."""
+    from tpu_export.converter.lazy_weights import _FileMap
+    from tpu_export.targets import lm_stream
+
+    monkeypatch.setattr(lm_stream, "STREAM_LM_FROM", 0)
+    t = _tensors(d)
+    t[DOWN][3, 5] = float("nan")
+    _save(d, t)
+    _refused(d, tmp_path / "out", repr(DOWN), "NaN or infinite")
+    with pytest.warns(UserWarning, match=DOWN):
+        src = load_lm_source(str(d), allow_nonfinite_weights=True)
+    assert all(isinstance(m, _FileMap) for m in src.model.tpu_export_spool)  # mapped, not loaded
+    assert torch.isnan(dict(src.model.named_parameters())[DOWN][3, 5])
