@@ -259,7 +259,11 @@ def check_finite(model, name: str, *, allow: bool = False) -> None:
             seen.add(id(t))
             flat = t.detach().reshape(-1)
             for at in range(0, flat.numel(), _PIECE):
-                if not bool(torch.isfinite(flat[at:at + _PIECE]).all()):
+                piece = flat[at:at + _PIECE]
+                # one pass, no mask: a NaN or an infinity makes the sum non-finite (inf - inf is NaN), so a finite
+                # sum proves the piece finite; a non-finite one (perhaps finite values overflowing) is checked exactly
+                # (isfinite is 15x slower: 0.2 GB/s against 3 GB/s here)
+                if not bool(torch.isfinite(piece.sum(dtype=torch.float32))) and not bool(torch.isfinite(piece).all()):
                     bad.append(n)
                     break
             # a weight mapped from its shard (or a spool) gives its pages back once checked: the check reads

@@ -290,3 +290,17 @@ def test_nan_weights_are_found_in_a_mapped_model_too(d, tmp_path, monkeypatch):
         src = load_lm_source(str(d), allow_nonfinite_weights=True)
     assert all(isinstance(m, _FileMap) for m in src.model.tpu_export_spool)  # mapped, not loaded
     assert torch.isnan(dict(src.model.named_parameters())[DOWN][3, 5])
+
+
+def test_finite_weights_whose_sum_overflows_are_not_refused():
+    """The check sums a piece first (fast); a sum overflowing to infinity is no proof, so the piece is looked at."""
+    from tpu_export.targets.lm_dir import check_finite
+
+    m = torch.nn.Linear(64, 64, bias=False)
+    with torch.no_grad():
+        m.weight.fill_(3e38)
+    check_finite(m, "big")  # finite, though the float32 sum is inf
+    with torch.no_grad():
+        m.weight[7, 9] = float("-inf")
+    with pytest.raises(LmSourceError, match=r"^big: weight 'weight' holds NaN or infinite values"):
+        check_finite(m, "big")
