@@ -140,6 +140,7 @@ def _version(target) -> set:
     return {open(os.path.join(target, n), "rb").read(1) for n in os.listdir(target)}
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("mode", ["between-renames", "while-writing"])
 def test_a_kill_during_a_publish_leaves_the_old_folder_and_the_next_save_cleans_up(tmp_path, mode):
     target = tmp_path / "model.tpuexp"
@@ -155,6 +156,8 @@ def test_a_kill_during_a_publish_leaves_the_old_folder_and_the_next_save_cleans_
     assert _version(target) == {b"C"} and os.listdir(tmp_path) == ["model.tpuexp"]
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_kills_at_random_instants_always_leave_a_whole_folder(tmp_path):
     target = tmp_path / "model.tpuexp"
     assert _publish_in_child(target, "A", "none").returncode == 0
@@ -172,6 +175,7 @@ def test_kills_at_random_instants_always_leave_a_whole_folder(tmp_path):
     assert os.listdir(tmp_path) == ["model.tpuexp"]
 
 
+@pytest.mark.subprocess
 def test_concurrent_writers_of_one_file_never_collide(tmp_path):
     code = textwrap.dedent(f"""
         import sys

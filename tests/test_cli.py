@@ -41,11 +41,13 @@ def test_bad_model_spec(capsys, tmp_path):
     assert "cannot load 'no_such_module_xyz:f'" in capsys.readouterr().err
 
 
+@pytest.mark.subprocess
 def test_console_script_entry_point_runs():
     r = subprocess.run([sys.executable, "-m", "tpu_export.cli", "targets"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "tpu-v7x" in r.stdout
 
 
+@pytest.mark.subprocess
 def test_console_script_skips_the_exit_collections_and_callers_keep_theirs():
     # The console script (main() with no argv) freezes what the command made so that the interpreter's shutdown
     # does not collect it; main([...]) from a caller's own process leaves its collector alone.
@@ -66,6 +68,7 @@ def _compile_cache(out):
     return json.loads(report.read_text())["signatures"]["serving_default"]["compile_cache"]
 
 
+@pytest.mark.libtpu
 def test_cache_dir_makes_a_second_conversion_a_hit(tmp_path, monkeypatch):
     """--cache-dir DIR is the AOT compile cache: the second conversion of the same model reuses the first's
     executable (report.json says hit), and the variable it sets does not outlive the command."""

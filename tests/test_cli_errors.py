@@ -54,6 +54,7 @@ def _cli(tmp_path, *args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.subprocess
 def test_data_dependent_control_flow_is_one_line_in_a_real_process(tmp_path):
     r = _cli(tmp_path, "convert", "factories:branchy", "--target", "android", "-o", "out", "--quiet")
     lines = r.stderr.strip().splitlines()
@@ -64,6 +65,7 @@ def test_data_dependent_control_flow_is_one_line_in_a_real_process(tmp_path):
     assert r.stdout == "" and not (tmp_path / "out").exists()
 
 
+@pytest.mark.subprocess
 def test_corrupt_pt2_is_one_line_in_a_real_process(tmp_path):
     m = torch.nn.Linear(3, 2).eval()
     torch.export.save(torch.export.export(m, (torch.randn(1, 3),)), str(tmp_path / "m.pt2"))

@@ -31,6 +31,7 @@ def _args():
     return torch.randn(2, 12, generator=g), torch.rand(1, generator=g) + 0.5
 
 
+@pytest.mark.libtpu
 def test_convert_writes_both_outputs_and_each_matches_torch(tmp_path):
     from tpu_export import litert_torch, tpu_backend
 
@@ -83,6 +84,7 @@ def _image_model():
     return m, (torch.randn(1, 3, 8, 8, generator=g),), [(torch.randn(1, 3, 8, 8, generator=g),) for _ in range(4)]
 
 
+@pytest.mark.libtpu
 def test_per_target_options_one_capture(tmp_path):
     """web (float), iot (needs calibration data, which web refuses) and tpu-v6e (a topology) from one call."""
     from tpu_export import tpu_backend
@@ -108,6 +110,7 @@ def test_per_target_options_one_capture(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.libtpu
 def test_cli_per_target_options(tmp_path, capsys):
     m, args, cal = _image_model()
     pt2, npz = tmp_path / "m.pt2", tmp_path / "cal.npz"

@@ -33,6 +33,7 @@ def _engine_text(path):
     return EngineGenerator(str(path), quiet=True).generate(PROMPT, NEW).text
 
 
+@pytest.mark.engine
 def test_export_dir_float_runs_in_the_engine_like_transformers(model_dir, want, tmp_path):
     out = tmp_path / "float"
     path = export_hf.export(model=str(model_dir), output_dir=str(out), prefill_lengths=[8, 16], cache_length=64,
@@ -41,6 +42,7 @@ def test_export_dir_float_runs_in_the_engine_like_transformers(model_dir, want, 
     assert _engine_text(path) == want
 
 
+@pytest.mark.engine
 def test_export_a_model_object_with_its_tokenizer_and_the_default_recipe(model_dir, want, tmp_path):
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)

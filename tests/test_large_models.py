@@ -13,6 +13,8 @@ import torch
 from tests.numerics import rel_err
 from tpu_export import litert_torch
 
+pytestmark = [pytest.mark.slow]
+
 
 class Tied(torch.nn.Module):
     """Embedding tied to the output projection, a conv whose weights the lowering transforms, a

@@ -10,6 +10,8 @@ import torch
 from tests.numerics import rel_err
 from tpu_export import litert_torch
 
+pytestmark = [pytest.mark.slow]
+
 
 class TinyLm(torch.nn.Module):
     """An embedding table tied to the output projection (read by the lookup and by a FULLY_CONNECTED), two linears."""
@@ -92,6 +94,7 @@ def test_streamed_weights_and_tables_are_ai_edge_quantizers(tmp_path, monkeypatc
 
 
 # weight_only_int8 has dynamic_int8's bytes (its DEQUANTIZE form is checked on TinyLm above): not repeated here
+@pytest.mark.engine
 @pytest.mark.parametrize("scheme", [None, "dynamic_int8", "dynamic_int4_block32"])
 def test_convert_lm_streams_a_large_lm_into_the_same_bundle(tmp_path, monkeypatch, scheme):
     """convert-lm past its streaming threshold (lowered here to 0): the directory's weights are read one tensor at a

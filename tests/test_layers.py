@@ -11,6 +11,8 @@ resolve names inside their own package, and shipped code never imports the test 
 import ast
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # repository folder -> (installed package, layer); a package imports only itself and strictly lower layers
@@ -160,6 +162,7 @@ def _write(tmp_path, folder: str, text: str) -> tuple[str, str]:
     return os.path.join(folder, "m.py"), str(p)
 
 
+@pytest.mark.subprocess
 def test_the_checker_sees_function_local_imports(tmp_path):
     _, p = _write(tmp_path, "converter", "def f():\n    from tpu_export.targets import x\n    import tests.zoo\n")
     assert [(n, f) for _, n, f in _imports(p)] == [("tpu_export.targets", "f"), ("tests.zoo", "f")]

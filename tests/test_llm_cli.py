@@ -20,6 +20,8 @@ from tpu_export.cli import main  # noqa: E402
 from tpu_export.generate import Sampling  # noqa: E402
 from tpu_export.generators import load_generator  # noqa: E402
 
+pytestmark = [pytest.mark.engine, pytest.mark.libtpu, pytest.mark.slow]
+
 NEW = 32
 PROMPT = "the cache holds keys"  # 4 tokens of the test tokenizer: prefill_8
 TIMING = re.compile(r"^prefill: [\d.]+ ms \(\d+ tokens\); decode: [\d.]+ tokens/s \(\d+ new tokens\)", re.M)

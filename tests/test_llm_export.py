@@ -235,6 +235,7 @@ def test_edge_decode_reads_only_the_filled_prefix_of_a_long_cache(hf):
         assert rel_err(torch.as_tensor(got["logits"]), want["logits"]) <= 1e-5, pos
         assert rel_err(torch.as_tensor(got["kv_cache_v_1"]), want["kv_cache_v_1"]) <= 1e-6, pos
 
+@pytest.mark.libtpu
 def test_tpu_artifact_aot_compiles_every_signature_for_v6e(hf):
     pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
     prog, _ = prepare_lm(hf, prefill_lengths=PREFILL, cache_len=CACHE)

@@ -14,6 +14,8 @@ import torch
 
 from tpu_export import converter, tpu_backend
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.libtpu]
+
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,6 +9,8 @@ import torch
 import tpu_export
 from tests.numerics import rel_err
 
+pytestmark = [pytest.mark.libtpu]
+
 
 class ZeroDim(torch.nn.Module):
     """A learned 0-dim scale (a Parameter), a 0-dim float buffer and a 0-dim integer buffer, each

@@ -15,7 +15,7 @@ except ImportError:  # pytest's rootdir-relative import of tests/ as a plain dir
     import op_rows
     import zoo
 
-pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+pytestmark = [pytest.mark.zoo_selfcheck, pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")]
 
 
 @pytest.fixture(autouse=True, scope="module")

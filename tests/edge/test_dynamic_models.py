@@ -19,6 +19,8 @@ from torch import nn
 from tests.numerics import rel_err
 from tests.zoo import NamedX, WhisperFrames
 
+pytestmark = [pytest.mark.slow]
+
 Dim = torch.export.Dim
 RTOL = 1e-4
 

@@ -24,6 +24,8 @@ from tpu_export.edge import convert_program  # noqa: E402
 from tpu_export.edge.litertlm import LitertLmError, read_litertlm, write_litertlm  # noqa: E402
 from tpu_export.generate import greedy_generate  # noqa: E402
 
+pytestmark = [pytest.mark.engine]
+
 CACHE = 96
 NEW = 32
 EOS = SPECIAL["eos"][1]
@@ -158,6 +160,7 @@ def test_copy_direct_appends_the_file_whole_and_falls_back_where_unaligned(tmp_p
         assert (tmp_path / "b.bin").read_bytes() == b"h" * head + data + b"end"
 
 
+@pytest.mark.subprocess
 def test_peek_lists_the_sections(bundles):
     path = bundles["llama"][3]
     peek = shutil.which("litert-lm-peek", path=os.path.dirname(sys.executable))

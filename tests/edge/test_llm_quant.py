@@ -26,6 +26,8 @@ from tpu_export.converter.llm import prepare_lm  # noqa: E402
 from tpu_export.edge.quantize import quantize_tflite  # noqa: E402
 from tpu_export.generate import greedy_generate  # noqa: E402
 
+pytestmark = [pytest.mark.slow]
+
 PREFILL, CACHE, NEW = (16,), 64, 32
 PROMPT = "user: what is the weather? assistant:"  # 9 tokens of the text the model was fitted to
 EOS = SPECIAL["eos"][1]
@@ -146,6 +148,7 @@ def test_caches_and_logits_stay_float(lm):
             {n: np.float32 for n in [*spec.names(), "logits"]}
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("scheme", ["dynamic_int8", "dynamic_int4_block32"])
 def test_quantized_bundle_generates_in_the_engine(lm, scheme, tmp_path):
     """The LiteRT-LM engine runs the quantized .tflite in a .litertlm (edge.litertlm) and replies with the tokens

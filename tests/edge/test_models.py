@@ -12,6 +12,8 @@ import torch
 from tests.edge._util import assert_close, leaves
 from tests.zoo import ZOO, batch_like
 
+pytestmark = [pytest.mark.slow]
+
 RTOL = 1e-4
 # TRANSPOSEs a model asks for itself, beyond the boundary: ShuffleNet's channel shuffle is a
 # permute that really moves data (no layout makes it free); one per shuffle unit, written as

@@ -229,6 +229,8 @@ def _run_children(manifest: str, n: int, log: str) -> tuple[dict, dict, list, li
     return counts, kinds, hangs, crashes
 
 
+@pytest.mark.subprocess
+@pytest.mark.slow
 def test_mutated_tflite_files_are_refused_or_run_never_crash_or_hang(tmp_path):
     t0 = time.monotonic()
     seeds, manifest = _seeds(), {"per_seed": N_PER_SEED, "seeds": []}

@@ -16,6 +16,8 @@ import torch
 from tests.numerics import rel_err
 from tests.zoo import ZOO, build
 
+pytestmark = [pytest.mark.slow]
+
 
 def _export(name, kind):
     m, args = build(name)

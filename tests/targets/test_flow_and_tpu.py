@@ -75,6 +75,7 @@ def tpu_backend_reports(path):
     return tpu_backend.read_artifact(path).reports()
 
 
+@pytest.mark.libtpu
 def test_tpu_package_aot_and_bad_topology(small, tmp_path):
     from tpu_export.tpu_backend.chips import InvalidTopologyError
 

@@ -59,6 +59,7 @@ def test_int8_model_is_full_integer_and_tflm_only(iot_pkg):
                 assert t.dtype in ("int8", "int32"), (op.name, t.dtype)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is missing")
 def test_c_array_compiles_and_equals_the_tflite(iot_pkg, tmp_path):
     written, _ = iot_pkg

@@ -14,7 +14,7 @@ from tests.targets.web_harness import missing_reason, run_in_chromium
 from tpu_export.targets import package
 from tpu_export.targets.web import es_module_snippet
 
-pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+pytestmark = [pytest.mark.chromium, pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))]
 
 REL_ERR = 1e-4
 

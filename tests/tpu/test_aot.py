@@ -12,6 +12,8 @@ from tests.tpu.artifact_helpers import assert_close_tree, mlp_program, zoo_progr
 from tpu_export import converter, tpu_backend
 from tpu_export.tpu_backend.chips import CHIPS
 
+pytestmark = [pytest.mark.libtpu]
+
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
 GENERATIONS = [("tpu-v5e", None, "TPU v5 lite"), ("tpu-v6e", "2x2", "TPU v6 lite"), ("tpu-v7x", "2x2x1", "TPU7x")]

@@ -31,8 +31,11 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tpu_export.tpu_backend.artifact import format as fmt
+
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261130

@@ -33,6 +33,8 @@ from tpu_export.tpu_backend.artifact import format as fmt
 from tpu_export.tpu_backend.artifact import read_artifact
 from tpu_export.tpu_backend.artifact.errors import ArtifactCorruptError, ArtifactError
 
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[2]
 SIG = "signatures/serving_default.jaxexport"
 TINY_SHA256 = "9ddb5f3f25694e13232d18b5ee596611ca78f22323738c6986b4b5f4f57012f6"  # jax 0.10.2

@@ -11,6 +11,8 @@ import torch
 
 from tpu_export import converter, tpu_backend
 
+pytestmark = [pytest.mark.libtpu]
+
 pytest.importorskip("libtpu", reason="AOT compilation for TPU needs libtpu (pip install 'libtpu==0.0.42.*')")
 
 

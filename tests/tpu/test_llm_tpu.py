@@ -18,6 +18,8 @@ from tpu_export.generate import greedy_generate  # noqa: E402
 from tpu_export.tpu_backend.export import donated_inputs  # noqa: E402
 from tpu_export.tpu_backend.llm import OnDeviceLM, export_lm, lm_report  # noqa: E402
 
+pytestmark = [pytest.mark.libtpu, pytest.mark.slow]
+
 CACHE = 64
 NEW = 32
 

@@ -25,6 +25,8 @@ from tests.zoo import ZOO, batch_like
 from tpu_export import converter
 from tpu_export.tpu_backend.lowering import lower_signature
 
+pytestmark = [pytest.mark.slow]
+
 FP32_RTOL = 1e-4
 # bf16 keeps 8 mantissa bits (eps 2**-8); through 10-20 layers of matmuls/convs and norms the
 # relative error grows to a few percent (measured: 0.3%-4.6%, resnet18 the largest).

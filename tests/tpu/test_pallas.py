@@ -234,6 +234,7 @@ def _kernel_programs(cfg, dev):
     }
 
 
+@pytest.mark.libtpu
 @pytest.mark.parametrize("gen", list(TOPOLOGIES))
 def test_each_kernel_aot_compiles_for_tpu(gen, tpu_device):
     cfg = PallasConfig(mode=True, generation=gen)
@@ -248,6 +249,7 @@ def _export(fn, args, platforms):
     return jax.export.export(jax.jit(fn), platforms=platforms)(*args)
 
 
+@pytest.mark.libtpu
 def test_one_export_serves_tpu_kernel_and_cpu_xla(tpu_device):
     cfg = PallasConfig(mode=True, generation="v6e")
     rng = np.random.default_rng(6)
@@ -511,6 +513,7 @@ def _jax_decoder(cfg, m: _Decoder):
     return block, weights, dequant
 
 
+@pytest.mark.libtpu
 def test_decoder_exported_with_pallas_runs_on_cpu_and_matches_torch(tpu_device):
     torch.manual_seed(0)
     m = _Decoder().eval()

@@ -20,6 +20,8 @@ from tests import zoo
 from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 from tpu_export import converter, tpu_backend
 
+pytestmark = [pytest.mark.slow]
+
 
 def _tpu_kernels(bundle) -> set:
     """Mosaic kernel names in the TPU lowering of every signature of ``bundle``."""
@@ -57,6 +59,7 @@ def test_llama_with_kernels_saves_loads_and_matches_torch(llama, llama_bundle, t
     assert err <= 1e-4, f"llama with Pallas kernels on CPU: rel err {err:.3g}"
 
 
+@pytest.mark.libtpu
 def test_llama_kernels_compile_for_v6e(llama_bundle):
     compiled = llama_bundle.compile_for("tpu-v6e")
     report = compiled.report["signatures"]["serving_default"]

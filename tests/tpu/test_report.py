@@ -54,6 +54,7 @@ def matvec():
     return bundle, bundle.compile_for("tpu-v6e")
 
 
+@pytest.mark.libtpu
 def test_roofline_beside_xla(matvec):
     _, c = matvec
     s = c.report["signatures"]["serving_default"]
@@ -78,6 +79,7 @@ def test_roofline_beside_xla(matvec):
     assert c.report["chip"]["bandwidth_source"] == chip.bandwidth_source
 
 
+@pytest.mark.libtpu
 def test_unknown_xla_figures_are_never_numbers(matvec):
     bundle, c = matvec
     import jax

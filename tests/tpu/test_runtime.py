@@ -78,6 +78,7 @@ def test_zoo_round_trip_dynamic_batch(tmp_path, name):
         assert_close_tree(loaded(*xs), ref, FP32_TOL)
 
 
+@pytest.mark.libtpu
 def test_stored_executable_is_used_when_it_matches(tmp_path, caplog):
     """The stored-executable path (raw PJRT bytes, no pickle) exercised with a CPU compile of
     this process's own in-memory bundle: used for the shapes it was compiled for; other shapes

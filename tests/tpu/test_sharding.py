@@ -16,6 +16,8 @@ import pytest
 from tests.tpu.artifact_helpers import mlp_program
 from tpu_export import tpu_backend
 
+pytestmark = [pytest.mark.subprocess]
+
 MESH = {"data": 2, "model": 2}
 RULES = [
     (r".*fc1\.weight", ("model", None)),  # column-parallel: output features split
@@ -127,6 +129,7 @@ def test_manifest_records_the_mesh_and_shardings(child_results):
     assert m["partition_rules"]["weights"][0] == [r".*fc1\.weight", ["model", None]]
 
 
+@pytest.mark.libtpu
 def test_sharded_aot_for_v6e_2x2(child_results):
     sharded = child_results["aot"]["sharded"]
     plain = child_results["aot"]["unsharded"]

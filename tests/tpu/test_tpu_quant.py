@@ -23,6 +23,8 @@ from tests.tpu.artifact_helpers import KERNEL, first_output_rel_err
 from tpu_export import converter, tpu_backend
 from tpu_export.tpu_backend.quant import WeightOnlyInt8, parse_quant, plan_int8
 
+pytestmark = [pytest.mark.slow]
+
 
 def _weights_table(path) -> dict:
     with open(os.path.join(path, "manifest.json")) as f:
@@ -42,6 +44,7 @@ def llama():
     return model, args, converter.prepare(model, args)
 
 
+@pytest.mark.libtpu
 def test_llama_int8_artifact_size_accuracy_kernel_and_aot(llama, tmp_path):
     model, args, prog = llama
     f32_path = tpu_backend.export_program(prog, platforms=("tpu", "cpu")).save(tmp_path / "f32.tpuexp")
@@ -149,6 +152,7 @@ class _Mlp(nn.Module):
         return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
 
 
+@pytest.mark.libtpu
 def test_convert_tpu_v6e_int8_end_to_end(tmp_path):
     torch.manual_seed(7)
     model = _Mlp().eval()
@@ -172,6 +176,7 @@ def test_convert_tpu_v6e_int8_end_to_end(tmp_path):
     assert err <= 2e-2, f"int8 MLP via convert: rel err {err:.3g}"
 
 
+@pytest.mark.libtpu
 def test_tpu_targets_refuse_other_quant_schemes_before_capture(tmp_path):
     calls = []
 
