@@ -146,7 +146,7 @@ def _fifo_probe(d, tmp_path, rel):
 
 @pytest.mark.subprocess
 @pytest.mark.parametrize("rel", ["model.safetensors", "tokenizer_config.json", "tokenizer.json", "config.json",
-                                 "chat_template.jinja"])
+                                 "chat_template.jinja", "generation_config.json", "special_tokens_map.json"])
 def test_fifo_in_the_directory_is_refused_at_once(d, tmp_path, rel):
     _fifo_probe(d, tmp_path, rel)
 
