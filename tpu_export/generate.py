@@ -29,14 +29,6 @@ __all__ = ["CacheFullError", "GenerateArgumentError", "GenerationRun", "PromptTo
 SEED_MAX = 2**63 - 1  # the engine's sampler and torch's generator both take a 64-bit seed
 
 
-class PromptTooLongError(ValueError):
-    pass
-
-
-class CacheFullError(ValueError):
-    pass
-
-
 class GenerateArgumentError(ValueError):
     """A generation argument out of its range. ``str()`` names it as Python does (``max_new_tokens``),
     ``for_cli()`` as the command line does (``--max-new-tokens``)."""
@@ -47,6 +39,20 @@ class GenerateArgumentError(ValueError):
 
     def for_cli(self) -> str:
         return f"--{self.arg.replace('_', '-')}: {self.problem}"
+
+
+class PromptTooLongError(GenerateArgumentError):
+    """The prompt is longer than every exported prefill (``arg``: prompt)."""
+
+    def __init__(self, problem: str):
+        super().__init__("prompt", problem)
+
+
+class CacheFullError(GenerateArgumentError):
+    """Prompt + new tokens need more cache slots than the model holds (``arg``: max_new_tokens)."""
+
+    def __init__(self, problem: str):
+        super().__init__("max_new_tokens", problem)
 
 
 def _is_int(x) -> bool:
@@ -180,12 +186,12 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
     # give the first new token (prefill signatures need no logits; a 1-token prompt needs no prefill)
     fits = [L for L in lengths if L >= n - 1]
     if n == 0 or not fits:
-        raise PromptTooLongError(f"the prompt has {n} tokens; the exported prefill lengths are {lengths}: "
+        raise PromptTooLongError(f"{n} tokens; the exported prefill lengths are {lengths}: "
                                  f"re-export with a prefill length >= {n - 1} or shorten the prompt")
     # the last new token is never fed back, so the cache holds the prompt and max_new_tokens - 1 more
     if n + max_new_tokens - 1 > spec.cache_len:
         raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens need {n + max_new_tokens - 1} cache "
-                             f"slots; the cache holds {spec.cache_len}: lower max_new_tokens or re-export with a "
+                             f"slots; the cache holds {spec.cache_len}: ask for fewer new tokens or re-export with a "
                              f"longer cache")
     stops = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id})

@@ -187,9 +187,10 @@ class LoopGenerator:
     """An exported LM run by tpu_export.generate: ``runtime`` as generate_ids takes it, its CacheSpec, a
     tokenizers.Tokenizer and the lm.json metadata (stop tokens, chat template)."""
 
-    def __init__(self, runtime, spec, tokenizer, meta: dict, name: str = "the model"):
+    def __init__(self, runtime, spec, tokenizer, meta: dict, name: str = "the model", vocab: int | None = None):
         self.runtime, self.spec, self.tokenizer, self.meta, self.name = runtime, spec, tokenizer, meta, name
-        self.vocab = tokenizer.get_vocab_size() if hasattr(tokenizer, "get_vocab_size") else None
+        # top_k's bound: the model's logits width where known, else the tokenizer's
+        self.vocab = vocab if vocab is not None else tokenizer.get_vocab_size()
         self._warm: set = set()  # signatures run once already (compiled)
 
     @classmethod
@@ -238,9 +239,7 @@ class LoopGenerator:
         _check_cache(spec, inputs, os.path.join(folder, "lm.json"), path)
         logits = outputs.get("logits")
         vocab = int(logits[-1]) if logits and isinstance(logits[-1], int) else tok.get_vocab_size()
-        gen = cls(runtime, spec, tok, meta, name=path)
-        gen.vocab = vocab
-        return gen
+        return cls(runtime, spec, tok, meta, name=path, vocab=vocab)
 
     def encode(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
@@ -397,7 +396,7 @@ class EngineGenerator:
         # the engine counts prompt + reply against max_num_tokens and stops short silently past it: say it first
         if limit and n + max_new_tokens > int(limit):
             raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens exceed {self.path}'s max_num_tokens "
-                                 f"{limit}: lower max_new_tokens or re-export with a longer cache")
+                                 f"{limit}: ask for fewer new tokens or re-export with a longer cache")
         with _EngineLog(self.verbose) as log:
             try:
                 session = self.engine.create_session(apply_prompt_template=False, sampler_config=cfg,
@@ -435,7 +434,7 @@ class EngineGenerator:
 # the child of EngineGenerator(isolate=True): one request on stdin, tagged lines out (payloads hex-coded JSON)
 _CHILD = "from tpu_export.generators import _serve_isolated; _serve_isolated()"
 _RAISED = {"GenerateArgumentError": lambda d: GenerateArgumentError(d["arg"], d["problem"]),
-           "CacheFullError": lambda d: CacheFullError(d["message"])}
+           "CacheFullError": lambda d: CacheFullError(d["problem"])}
 
 
 def _say(kind: str, payload) -> None:
