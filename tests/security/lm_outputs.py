@@ -8,7 +8,7 @@ import pathlib
 import shutil
 import struct
 
-__all__ = ["PROMPT", "converted", "copy_target", "section", "set_section_range"]
+__all__ = ["PROMPT", "converted", "copy_target", "rebuilt_bundle", "section", "set_section_range"]
 
 PROMPT = "the cache holds keys"  # 4 tokens of the test tokenizer
 _BUILT: dict = {}
@@ -66,3 +66,35 @@ def set_section_range(data: bytes, index: int, begin: int | None = None, end: in
         if value is not None:
             struct.pack_into("<Q", b, fields[slot], value)
     return bytes(b)
+
+
+def rebuilt_bundle(src: pathlib.Path, dest: pathlib.Path, change_llm) -> pathlib.Path:
+    """``src``'s bundle built again by litert-lm-builder itself (not our checked writer) with its LlmMetadata
+    changed by ``change_llm(msg)``: a bundle our writer would refuse, as a stranger could ship it. The tokenizer
+    is the tokenizer.json beside ``src``."""
+    from litert_lm_builder import litertlm_builder as lb
+    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+
+    from tpu_export.edge.litertlm import read_litertlm
+
+    secs = {s["type"]: s for s in read_litertlm(src)["sections"]}
+    data = src.read_bytes()
+    llm = llm_metadata_pb2.LlmMetadata()
+    llm.ParseFromString(data[secs["LlmMetadataProto"]["begin"]:secs["LlmMetadataProto"]["end"]])
+    change_llm(llm)
+    parts = dest.parent / (dest.name + ".parts")
+    parts.mkdir()
+    blobs = {"l.pb": llm.SerializeToString()}
+    for name, kind in (("e.pb", "ExecutorMetadataProto"), ("m.tflite", "TFLiteModel")):
+        blobs[name] = data[secs[kind]["begin"]:secs[kind]["end"]]
+    for name, blob in blobs.items():
+        (parts / name).write_bytes(blob)
+    b = lb.LitertLmFileBuilder()
+    b.add_llm_metadata(str(parts / "l.pb"))
+    b.add_executor_metadata(str(parts / "e.pb"))
+    b.add_hf_tokenizer(str(src.parent / "tokenizer.json"))
+    b.add_tflite_model(str(parts / "m.tflite"), lb.TfLiteModelType.PREFILL_DECODE)
+    with open(dest, "wb") as f:
+        b.build(f)
+    shutil.rmtree(parts)
+    return dest

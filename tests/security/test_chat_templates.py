@@ -98,16 +98,12 @@ def _raise_on_failure(rc):
 def test_a_bundle_carrying_a_bomb_is_refused_by_the_check(tmp_path_factory, tmp_path):
     """In a .litertlm the template is in LlmMetadata: write_litertlm refuses to write it, and a bundle built
     around our writer is refused before the engine (which renders it for a templated session) loads it."""
-    from litert_lm_builder import litertlm_builder as lb
-    from litert_lm_builder.runtime.proto import llm_metadata_pb2
-
-    from tests.security.lm_outputs import converted
-    from tpu_export.edge.litertlm import LitertLmError, read_litertlm, write_litertlm
+    from tests.security.lm_outputs import converted, rebuilt_bundle
+    from tpu_export.edge.litertlm import LitertLmError, write_litertlm
     from tpu_export.edge.litertlm_check import BundleFormatError, check_litertlm
 
     out = converted(tmp_path_factory)
     src = out / "android/model.litertlm"
-    secs = {s["type"]: s for s in read_litertlm(src)["sections"]}
     from tpu_export.converter.llm import CacheSpec
 
     spec = CacheSpec(2, 2, 64, 16)
@@ -118,23 +114,8 @@ def test_a_bundle_carrying_a_bomb_is_refused_by_the_check(tmp_path_factory, tmp_
                                                        prompt_template=t))
         assert isinstance(e, LitertLmError) and str(e).startswith("prompt_template: ") and says in str(e), e
         assert not (tmp_path / "x.litertlm").exists()
-    data = src.read_bytes()
-    llm = llm_metadata_pb2.LlmMetadata()
-    llm.ParseFromString(data[secs["LlmMetadataProto"]["begin"]:secs["LlmMetadataProto"]["end"]])
-    llm.jinja_prompt_template = BOMBS["nested_ranges"][0]
-    model = secs["TFLiteModel"]
-    ex = secs["ExecutorMetadataProto"]
-    for name, blob in {"l.pb": llm.SerializeToString(), "e.pb": data[ex["begin"]:ex["end"]],
-                       "m.tflite": data[model["begin"]:model["end"]]}.items():
-        (tmp_path / name).write_bytes(blob)
-    b = lb.LitertLmFileBuilder()
-    b.add_llm_metadata(str(tmp_path / "l.pb"))
-    b.add_executor_metadata(str(tmp_path / "e.pb"))
-    b.add_hf_tokenizer(str(out / "android/tokenizer.json"))
-    b.add_tflite_model(str(tmp_path / "m.tflite"), lb.TfLiteModelType.PREFILL_DECODE)
-    bundle = tmp_path / "bomb.litertlm"
-    with open(bundle, "wb") as f:
-        b.build(f)
+    bundle = rebuilt_bundle(src, tmp_path / "bomb.litertlm",
+                            lambda llm: setattr(llm, "jinja_prompt_template", BOMBS["nested_ranges"][0]))
     e = _bounded(lambda: check_litertlm(bundle))
     assert isinstance(e, BundleFormatError) and "section 0 (LlmMetadataProto): jinja_prompt_template: the chat " \
         "template was stopped: rendering took longer" in str(e), e

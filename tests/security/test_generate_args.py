@@ -118,30 +118,10 @@ def test_engine_log_lines_are_hidden_unless_verbose(out):
 def test_an_engine_refusal_is_one_line_with_its_last_log_line(out, tmp_path):
     """A bundle the check passes but the engine refuses (no stop token: it cannot start a session) is one error
     line, not the engine's log."""
-    from litert_lm_builder import litertlm_builder as lb
-    from litert_lm_builder.runtime.proto import llm_metadata_pb2
+    from tests.security.lm_outputs import rebuilt_bundle
 
-    from tpu_export.edge.litertlm import read_litertlm
-
-    src = out / "android/model.litertlm"
-    secs = {s["type"]: s for s in read_litertlm(src)["sections"]}
-    data = src.read_bytes()
-    llm = llm_metadata_pb2.LlmMetadata()
-    llm.ParseFromString(data[secs["LlmMetadataProto"]["begin"]:secs["LlmMetadataProto"]["end"]])
-    llm.ClearField("stop_tokens")
-    model = secs["TFLiteModel"]
-    parts = {"l.pb": llm.SerializeToString(), "m.tflite": data[model["begin"]:model["end"]],
-             "e.pb": data[secs["ExecutorMetadataProto"]["begin"]:secs["ExecutorMetadataProto"]["end"]]}
-    for name, blob in parts.items():
-        (tmp_path / name).write_bytes(blob)
-    b = lb.LitertLmFileBuilder()
-    b.add_llm_metadata(str(tmp_path / "l.pb"))
-    b.add_executor_metadata(str(tmp_path / "e.pb"))
-    b.add_hf_tokenizer(str(out / "android/tokenizer.json"))
-    b.add_tflite_model(str(tmp_path / "m.tflite"), lb.TfLiteModelType.PREFILL_DECODE)
-    bundle = tmp_path / "nostop.litertlm"
-    with open(bundle, "wb") as f:
-        b.build(f)
+    bundle = rebuilt_bundle(out / "android/model.litertlm", tmp_path / "nostop.litertlm",
+                            lambda llm: llm.ClearField("stop_tokens"))
     r = subprocess.run([sys.executable, "-m", "tpu_export.cli", "generate", str(bundle), "--prompt", PROMPT,
                         "--max-new-tokens", "4"],
                        capture_output=True, text=True, timeout=300)
