@@ -149,6 +149,7 @@ def test_every_package_is_checked():
     assert sum(1 for _ in _modules()) > 150
 
 
+@pytest.mark.slow
 def test_imports_point_down_and_never_into_tests():
     bad = [v for rel, path in _modules() for v in _violations(rel, path)]
     assert not bad, "\n".join(bad)

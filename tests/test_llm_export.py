@@ -16,6 +16,8 @@ from tpu_export import litert_torch, tpu_backend  # noqa: E402
 from tpu_export.converter.llm import KVCacheLM, lm_requests, prepare_lm  # noqa: E402
 from tpu_export.generate import CacheFullError, PromptTooLongError, greedy_generate  # noqa: E402
 
+pytestmark = [pytest.mark.slow]
+
 PREFILL = (8, 16)
 CACHE = 64
 NEW = 32

@@ -195,6 +195,7 @@ def test_clean_dynamic_pt2_converts_and_runs_at_other_batches(tmp_path, capsys):
         torch.testing.assert_close(model(x), m(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_corrupted_archives_never_escape_as_other_exceptions(tmp_path):
     """Bounded, seeded: bit flips, truncations and overwritten runs of a real archive either load
     or raise the one-line ExportFailedError."""

@@ -79,6 +79,7 @@ def _select(suite: Path, markers: list[str], *args: str) -> list[str]:
     return sorted(selected.ids)
 
 
+@pytest.mark.slow
 def test_the_rule_on_a_small_suite(tmp_path, request):
     for name, text in SMALL_SUITE.items():
         (tmp_path / name).write_text(textwrap.dedent(text))

@@ -29,6 +29,7 @@ def histogram(ep):
     return collections.Counter(str(n.target) for n in ep.graph.nodes if n.op == "call_function")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "efficientnet", "convnext", "swin", "t5"])
 def test_same_program_as_run_decompositions(name):
     module, args = build(name)
@@ -90,6 +91,7 @@ def test_in_place_through_an_alias_declines_and_the_pipeline_retraces(cls):
     assert rel_err(run_program(prog, x), cls().eval()(x)) <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet18", "vit", "llama"])
 def test_dynamic_batch_same_program_as_run_decompositions(name):
     module, args = build(name)

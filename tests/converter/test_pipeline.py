@@ -61,6 +61,7 @@ def test_batchnorm_folding(transposed, groups):
     assert_matches(prog, m, (x,))
 
 
+@pytest.mark.slow
 def test_batchnorm_folded_when_the_conv_output_is_also_read_for_its_sizes():
     """Dynamic H/W: torch.export adds aten.sym_size.int readers of a conv output whose sizes a later op reads
     (LR-ASPP's `interpolate(size=low.shape[-2:])`); reading a size does not stop the fold (the folded conv has the

@@ -21,6 +21,8 @@ from tests.zoo import build_wide
 from tpu_export import converter, edge, litert_torch
 from tpu_export.edge.quantize import QuantConfig, QuantizationError, calibration_feeds, quantize_tflite
 
+pytestmark = [pytest.mark.slow]
+
 MODELS = ["resnet18", "mobilenet_v2", "vit"]  # the CNN classifiers and the transformer (ViT) classifier
 SCHEMES = ["dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16", "static_int8"]
 N_EVAL, N_CAL = 200, 32

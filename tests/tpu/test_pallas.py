@@ -99,6 +99,7 @@ def _attention_inputs(rng, b, hq, hkv, sq, sk, d, mask_kind, dtype):
     return q, k, v, mask
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("b,hq,hkv,sq,sk,d,is_causal,mask_kind", ATTENTION_CASES)
 def test_attention_kernel_matches_xla_and_torch(b, hq, hkv, sq, sk, d, is_causal, mask_kind, dtype):
