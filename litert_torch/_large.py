@@ -10,6 +10,8 @@ import weakref
 
 import torch
 
+from tpu_export.converter.machine import mem_available
+
 __all__ = ["check_memory", "materialized", "write_or_bytes", "InsufficientMemoryError", "weight_bytes",
            "streams_quantization"]
 
@@ -45,17 +47,6 @@ def weight_bytes(modules) -> tuple[int, int]:
             else:
                 real += n
     return real, meta
-
-
-def mem_available() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 # Extra memory a conversion needs on top of the module's weights, per weight byte, measured with

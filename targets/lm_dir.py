@@ -21,14 +21,14 @@ Every refusal is an ``LmSourceError``: one line naming the file (or tensor, or a
 from __future__ import annotations
 
 import dataclasses
-import os
 
+from tpu_export.converter.machine import memory_budget
 from tpu_export.converter.untrusted import Folder, UntrustedFileError, limit
 
 from .lm_source import LmSourceError
 
 __all__ = ["ModelDir", "check_config", "check_finite", "check_lengths", "check_tensors", "check_vocab", "hf_config",
-           "layer_dims", "mem_available", "read_model_dir", "token_ids"]
+           "layer_dims", "read_model_dir", "token_ids"]
 
 _META = ("generation_config.json", "tokenizer_config.json", "special_tokens_map.json")
 # config fields that size what transformers allocates, and the hard ceilings nothing real comes near
@@ -112,21 +112,6 @@ def hf_config(cfg: dict, where: str):
         from tpu_export.converter.errors import one_line
 
         raise LmSourceError(f"{where}: transformers rejects it: {one_line(e)}. Fix: {_FIX_CONFIG}") from None
-
-
-def mem_available() -> int:
-    """Bytes of memory this machine can give now (MemAvailable; the physical memory where that is unknown)."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f.read(1 << 16).splitlines():
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError):
-        return 1 << 34
 
 
 def check_config(config, ckpt, where: str) -> None:
@@ -338,7 +323,7 @@ def check_lengths(num_layers: int, kv_heads: int, head_dim: int, prefill_lengths
         raise LmSourceError(f"{name}: prefill length {max(prefill_lengths)} is more than cache_len {cache_len} (a "
                             "prefill writes its tokens into the cache). Fix: a longer cache or a shorter prefill")
     need = 2 * num_layers * kv_heads * head_dim * cache_len * 4
-    have = mem_available()
+    have = memory_budget()
     if need > have // 2:
         most = max(1, (have // 2) // max(1, 2 * num_layers * kv_heads * head_dim * 4))
         raise LmSourceError(f"{name}: cache_len {cache_len} makes a {need / 2**30:.1f} GiB KV cache; this machine "
