@@ -66,6 +66,7 @@ def test_a_real_template_renders_as_transformers_does():
     assert render_chat_template(CHAT_TEMPLATE, USER, where="T") == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bomb", list(BOMBS))
 def test_generate_chat_refuses_a_bomb_in_lm_json_naming_it(tmp_path_factory, tmp_path, capsys, bomb):
     from tests.security.lm_outputs import PROMPT, copy_target

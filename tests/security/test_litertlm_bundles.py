@@ -94,6 +94,7 @@ def test_garbage_metadata_and_a_corrupt_model_section_are_refused(bundle, tmp_pa
     _refused_everywhere(tmp_path, capsys, bytes(bad), f"section {i} (TFLiteModel): not a valid .tflite")
 
 
+@pytest.mark.slow
 def test_the_tokenizer_sections_declared_size_is_capped_before_decompressing(bundle, tmp_path, capsys):
     """A declared 1 TiB is refused without allocating; a zlib bomb (1 GiB of zeros declared as 11 KB) stops at the
     declared size: memory stays bounded either way."""
