@@ -1,5 +1,5 @@
-"""docs/compatibility.md is the rendering of bench/results/compat_matrix.json (bench/compat_matrix.py), and the
-results file records a real run of every stack the script defines."""
+"""docs/compatibility.md and the README's stack table are the renderings of bench/results/compat_matrix.json
+(bench/compat_matrix.py), and the results file records a real run of every stack the script defines."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def test_page_is_the_rendering_of_the_results():
     results = json.loads((ROOT / "bench" / "results" / "compat_matrix.json").read_text())
     assert (ROOT / "docs" / "compatibility.md").read_text() == matrix.render_page(results), (
         "docs/compatibility.md is stale: run `python bench/compat_matrix.py`")
+
+
+def test_readme_table_is_the_rendering_of_the_results():
+    matrix = _matrix()
+    results = json.loads((ROOT / "bench" / "results" / "compat_matrix.json").read_text())
+    readme = (ROOT / "README.md").read_text()
+    assert matrix.README_MARKS[0] in readme and matrix.README_MARKS[1] in readme
+    assert readme == matrix.readme_with_table(readme, results), (
+        "README's stack table is stale: run `python bench/compat_matrix.py`")
 
 
 def test_every_stack_was_run_with_the_versions_it_asks_for():
