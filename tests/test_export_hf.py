@@ -30,7 +30,7 @@ def want(model_dir):
 
 
 def _engine_text(path):
-    return EngineGenerator(str(path), quiet=True).generate(PROMPT, NEW).text
+    return EngineGenerator(str(path)).generate(PROMPT, NEW).text
 
 
 @pytest.mark.engine

@@ -53,18 +53,17 @@ class TextResult:
                 f"decode: {dec} ({self.new_tokens} new tokens){warm}")
 
 
-def load_generator(path, *, quiet: bool = True, verbose: bool = False, isolate: bool = False,
+def load_generator(path, *, verbose: bool = False, isolate: bool = False,
                    isolate_timeout: float | None = None) -> "LoopGenerator | EngineGenerator":
     """A ``.litertlm`` -> the LiteRT-LM engine; a TPU artifact (``.tpuexp``) or ``.tflite`` -> our loop; a target
     folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first). ``verbose``: the
     engine's own log lines are shown (else held back, and only their last line joins an error); ``isolate``: the
-    engine runs in a child process (``isolate_timeout`` seconds at most between its answers). ``quiet``: kept
-    for callers; the engine logs only when ``verbose``."""
+    engine runs in a child process (``isolate_timeout`` seconds at most between its answers)."""
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
         for f in ("model.litertlm", "model.tpuexp", "model.tflite"):
             if os.path.exists(os.path.join(path, f)):
-                return load_generator(os.path.join(path, f), quiet=quiet, verbose=verbose, isolate=isolate,
+                return load_generator(os.path.join(path, f), verbose=verbose, isolate=isolate,
                                       isolate_timeout=isolate_timeout)
         raise GeneratorError(f"{path}: no model.litertlm, model.tpuexp or model.tflite in it; give a folder or "
                              "file written by `tpu-export convert-lm`")
@@ -337,8 +336,8 @@ class EngineGenerator:
     ``isolate``: each generate runs the engine in a child process (a crash there is a GeneratorError naming the
     signal; no answer for ``isolate_timeout`` seconds kills it)."""
 
-    def __init__(self, path: str, threads: int | None = None, quiet: bool = True, verbose: bool = False,
-                 isolate: bool = False, isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT, cache_dir: str | None = None):
+    def __init__(self, path: str, threads: int | None = None, verbose: bool = False, isolate: bool = False,
+                 isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT, cache_dir: str | None = None):
         from tpu_export.edge.litertlm_check import check_litertlm
 
         if isolate and not isolate_timeout > 0:
