@@ -12,7 +12,7 @@ import warnings
 import torch
 
 from ._torch_compat import is_export_user_error, module_children, replace_module_children
-from .errors import ExportFailedError
+from .errors import ExportFailedError, UnsupportedModelError
 
 __all__ = ["capture", "explain_export_error"]
 
@@ -73,6 +73,8 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
         try:
             with torch.no_grad(), _quiet_torch_logs():
                 return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=s)
+        except UnsupportedModelError:
+            raise  # our own refusal from inside forward: already one line naming the feature
         except Exception as e:  # noqa: BLE001
             if first_error is None:
                 first_error = e

@@ -8,6 +8,7 @@ __all__ = [
     "UnsupportedOpsError",
     "DtypePolicyError",
     "UnsupportedOutputError",
+    "UnsupportedModelError",
     "source_line",
     "one_line",
 ]
@@ -27,6 +28,11 @@ class DtypePolicyError(ConversionError):
 
 class UnsupportedOutputError(ConversionError):
     """The model returns something that is not a tensor (or a pytree of tensors)."""
+
+
+class UnsupportedModelError(ConversionError, NotImplementedError):
+    """The model uses a feature the export does not implement (named in the message): refused, never dropped.
+    Raised from inside the traced forward, and passed through the capture as it is."""
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:

@@ -35,6 +35,7 @@ import dataclasses
 
 import torch
 
+from .errors import UnsupportedModelError
 from .llm_ops import cache_write
 from .pipeline import SignatureRequest, prepare_many
 
@@ -183,6 +184,33 @@ class KVCacheLM(torch.nn.Module):
 _GQA_SDPA = "tpu_export_gqa_sdpa"
 
 
+# What transformers' attention call may pass that this forward takes into account elsewhere, so ignoring it here
+# changes nothing: the rotary positions are already applied to q and k (position_ids), a sliding layer's window is
+# in the mask (sliding_window; KVCacheLM._masks), the cache is ours (use_cache), and the router logits are an
+# output of the MoE block, not of attention (output_router_logits).
+_ATTENTION_KWARGS_IN_THE_MASK_OR_CACHE = frozenset({"position_ids", "sliding_window", "use_cache",
+                                                    "output_router_logits", "cache_position", "output_attentions"})
+# Names a user recognises for the attention features that change the result and are not exported yet.
+_ATTENTION_FEATURES = {"s_aux": "attention sinks (s_aux, as in GPT-OSS)",
+                       "softcap": "attention logit softcapping (softcap, as in Gemma 2)",
+                       "position_bias": "an additive position bias (position_bias)"}
+
+
+def _refuse_unimplemented_attention_arguments(module, kwargs) -> None:
+    """Every argument transformers' attention call passes is implemented or refused by name: one ignored would
+    convert without an error and generate the wrong text. (``dropout`` is 0: the export runs the model in eval
+    mode.)"""
+    for name, value in kwargs.items():
+        if name in _ATTENTION_KWARGS_IN_THE_MASK_OR_CACHE or value is None or value is False:
+            continue
+        what = _ATTENTION_FEATURES.get(name, f"the attention argument {name}={type(value).__name__}")
+        layer = type(module).__name__
+        raise UnsupportedModelError(f"{layer} passes {what}, which the KV-cache export does not "
+                                  "implement; converting without it would generate the wrong text. Models whose "
+                                  "attention takes only q, k, v, a mask and a scale export (Llama, Qwen2/3, Phi-3, "
+                                  "Gemma 3, Mixtral, ...)")
+
+
 def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
     """transformers' attention-function contract (query [B, Hq, T, D], key/value [B, Hkv, S, D] -> [B, T, Hq, D])
@@ -190,8 +218,7 @@ def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     repeats K/V to every query head whenever a mask is given (``repeat_kv``: an expand + copy of the whole cache per
     layer and step); both backends lower enable_gqa with the query heads of a KV head folded into rows instead
     (the LiteRT decode of a GQA Llama wrote 162.6 MB of repeated K/V per step before, 22.5 MB for the peer)."""
-    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        raise NotImplementedError("converter.llm: attention softcapping / position bias has no KV-cache export yet")
+    _refuse_unimplemented_attention_arguments(module, kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1])
