@@ -22,9 +22,10 @@ import torch
 
 from ._torch_compat import set_module_tensor
 from .lazy_weights import _FileMap, _named_tensors
-from .untrusted import Folder, UntrustedFileError, limit
+from .untrusted import Folder, UntrustedFileError, limit, pread_into
 
-__all__ = ["Checkpoint", "TensorEntry", "map_safetensors", "read_checkpoint", "safetensors_loader"]
+__all__ = ["Checkpoint", "TensorEntry", "check_entry", "map_safetensors", "read_checkpoint", "read_header",
+           "safetensors_loader"]
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -35,8 +36,8 @@ _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.
 # bits per element of every dtype the format defines (those torch maps above, and the ones it stores but we
 # never map: they are checked for size and then cast by transformers' own loader, or refused by it)
 _BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U8": 8, "BOOL": 8,
-         "U16": 16, "U32": 32, "U64": 64, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F6_E2M3": 6, "F6_E3M2": 6,
-         "F4": 4, "E8M0": 8}
+         "C64": 64, "U16": 16, "U32": 32, "U64": 64, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F6_E2M3": 6,
+         "F6_E3M2": 6, "F4": 4, "E8M0": 8}
 _FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "E8M0"}
 _MAX_DIM = 1 << 40
 
@@ -117,23 +118,31 @@ def _shard_names(d: Folder) -> tuple[list, dict | None]:
 
 
 def _header(d: Folder, shard: str) -> tuple[int, int, dict]:
-    """(shard size, header length, header): the length checked against the file's size before it is read."""
-    where = d.shown(shard)
+    """(shard size, header length, header) of a shard of the directory."""
     fd, size = d.open(shard, what="the shard")
+    try:
+        n, header = read_header(fd, 0, size, d.shown(shard))
+    finally:
+        os.close(fd)
+    return size, n, header
+
+
+def read_header(fd: int, offset: int, size: int, where: str) -> tuple[int, dict]:
+    """(header length, header) of the safetensors blob ``size`` bytes long at ``offset`` of the open ``fd``: the
+    length is checked against ``size`` and ``limit("safetensors_header")`` before the header is read, so at most
+    that many bytes are read; ``where`` names the file in the ``UntrustedFileError``."""
     try:
         if size < 8:
             raise _bad(where, f"is {size} bytes, too short for a safetensors file (truncated)")
-        n = int.from_bytes(os.pread(fd, 8, 0), "little")
+        n = int.from_bytes(os.pread(fd, 8, offset), "little")
         cap = limit("safetensors_header")
         if not 2 <= n <= min(size - 8, cap):
             raise _bad(where, f"its header length {n} does not fit the {size}-byte file (at most "
                        f"{min(size - 8, cap)}): truncated or not a safetensors file")
-        raw = os.pread(fd, n, 8)
+        raw = os.pread(fd, n, offset + 8)
     except OSError as e:
         raise UntrustedFileError(where, f"cannot be read ({e.strerror})", "make it readable",
                                  reason="unreadable") from None
-    finally:
-        os.close(fd)
     import json
 
     try:
@@ -142,14 +151,16 @@ def _header(d: Folder, shard: str) -> tuple[int, int, dict]:
         raise _bad(where, "its header is not valid JSON: truncated or not a safetensors file") from None
     if len(raw) != n or not isinstance(header, dict):
         raise _bad(where, "its header is not a JSON object: truncated or not a safetensors file")
-    return size, n, header
+    return n, header
 
 
-def _entry(where: str, shard: str, name: str, e, data_bytes: int, data_at: int) -> TensorEntry:
+def check_entry(where: str, name: str, e, data_bytes: int) -> tuple[str, tuple, int, int]:
+    """(dtype name, shape, first data byte, byte count) of one header entry, checked: a format dtype, a shape of
+    sizes, and data_offsets inside the ``data_bytes`` after the header that hold exactly that shape."""
     if not isinstance(e, dict):
         raise _bad(where, f"tensor {name!r}: its header entry is not an object")
     dt, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
-    if dt not in _BITS:
+    if not isinstance(dt, str) or dt not in _BITS:
         raise _bad(where, f"tensor {name!r}: unknown dtype {dt!r}")
     ints = (lambda v, k: isinstance(v, list) and len(v) == k if k else isinstance(v, list))
     if not ints(shape, 0) or not all(type(x) is int and 0 <= x <= _MAX_DIM for x in shape) or len(shape) > 16:
@@ -161,7 +172,12 @@ def _entry(where: str, shard: str, name: str, e, data_bytes: int, data_at: int) 
     if offs[1] - offs[0] != want:
         raise _bad(where, f"tensor {name!r}: {offs[1] - offs[0]} bytes of data for shape {tuple(shape)} of {dt} "
                    f"({want} bytes): corrupt")
-    return TensorEntry(shard, dt, tuple(shape), data_at + offs[0], want)
+    return dt, tuple(shape), offs[0], want
+
+
+def _entry(where: str, shard: str, name: str, e, data_bytes: int, data_at: int) -> TensorEntry:
+    dt, shape, begin, nbytes = check_entry(where, name, e, data_bytes)
+    return TensorEntry(shard, dt, shape, data_at + begin, nbytes)
 
 
 def read_checkpoint(folder) -> Checkpoint:
@@ -259,7 +275,7 @@ def safetensors_loader(folder):
         if e.shard not in fds:
             fds[e.shard] = ckpt.open_shard(e.shard)
         buf = bytearray(e.nbytes)
-        got = os.preadv(fds[e.shard], [buf], e.offset) if e.nbytes else 0
+        got = pread_into(fds[e.shard], buf, e.offset)
         if got != e.nbytes:
             raise UntrustedFileError(ckpt.folder.shown(e.shard), f"tensor {name!r}: read {got} of {e.nbytes} bytes "
                                      "(the file shrank while read)", "leave the directory alone during a conversion",

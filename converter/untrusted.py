@@ -24,7 +24,7 @@ import os
 import stat
 
 __all__ = ["LIMITS", "UntrustedFileError", "Folder", "kind_of", "limit", "open_regular", "read_bytes",
-           "read_exact", "read_json", "read_text"]
+           "pread_exact", "pread_into", "read_exact", "read_json", "read_text"]
 
 _CHUNK = 1 << 20
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -257,6 +257,30 @@ def read_exact(fd: int, size: int, path: str) -> bytes:
         err.got = len(data)
         raise err
     return data
+
+
+# Linux moves at most this many bytes in one read or pread call (a 2.8 GB tensor takes two)
+_MAX_IO = 0x7FFFF000
+
+
+def pread_into(fd: int, buf, offset: int) -> int:
+    """Fill ``buf`` (a writable buffer) from ``fd`` at ``offset``, in as many preadv calls as its size needs;
+    returns the bytes read, less than ``len(buf)`` only at the end of the file."""
+    view, got = memoryview(buf).cast("B"), 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:got + _MAX_IO]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def pread_exact(fd: int, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``fd`` at ``offset`` (fewer only at the end of the file), past the per-call cap too."""
+    if length <= _MAX_IO:
+        return os.pread(fd, length, offset) if length else b""
+    buf = bytearray(length)
+    return bytes(memoryview(buf)[:pread_into(fd, buf, offset)])
 
 
 def open_regular(path, *, root=None, what: str = "the file", max_bytes: int | None = None,

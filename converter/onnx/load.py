@@ -15,7 +15,7 @@ import contextlib
 import os
 
 from ..errors import ConversionError, one_line
-from ..untrusted import Folder, UntrustedFileError, open_regular
+from ..untrusted import Folder, UntrustedFileError, open_regular, pread_exact
 from .wire import RAW_ITEMSIZE, MappedWeights, map_file, parse_mapped, plain_raw
 
 __all__ = ["OnnxImportError", "load_model", "check_and_infer", "tensor_nbytes"]
@@ -173,7 +173,7 @@ def _local(t) -> None:
 
 def _read(fd: int, offset: int, length: int, shown: str) -> bytes:
     """The tensor's bytes: its range was checked to lie inside the file, so the read is bounded by the tensor."""
-    data = os.pread(fd, length, offset) if length else b""
+    data = pread_exact(fd, offset, length)
     if len(data) != length:
         raise OnnxImportError(f"{shown}: read {len(data)} of {length} bytes: the file shrank while it was read")
     return data

@@ -141,3 +141,23 @@ def test_a_real_full_tmpfs_names_the_file(tmp_path):
         assert os.listdir(mnt) == []
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_positioned_reads_past_the_per_call_cap_are_whole(tmp_path, monkeypatch):
+    """A tensor larger than one read call moves (Linux: 0x7ffff000 bytes, so any 2.8 GB embedding) is read in
+    several calls, not refused as a file that shrank: the cap made small here, the file real."""
+    from tpu_export.converter import untrusted
+
+    data = bytes(range(256)) * 40
+    p = tmp_path / "w.bin"
+    p.write_bytes(data)
+    monkeypatch.setattr(untrusted, "_MAX_IO", 1000)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        buf = bytearray(9000)
+        assert untrusted.pread_into(fd, buf, 700) == 9000 and bytes(buf) == data[700:9700]
+        assert untrusted.pread_exact(fd, 100, 5000) == data[100:5100]
+        tail = bytearray(2000)
+        assert untrusted.pread_into(fd, tail, len(data) - 500) == 500  # short only at the end of the file
+    finally:
+        os.close(fd)
