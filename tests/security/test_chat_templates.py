@@ -59,6 +59,65 @@ def test_other_runaway_or_broken_templates_are_refused(template, says):
     assert isinstance(e, ChatTemplateError) and says in str(e), e
 
 
+# Each builds gigabytes in one step (a '~' or '%' or join in C) while printing little: refused before the step runs.
+ONE_STEP_BOMBS = {
+    "concat_doubling": ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+                        "{% endfor %}{{ ns.s|length }}", "'~' would make more than"),
+    "format_width": ("{{ '%9999999999s' % 'a' }}", "'%' formatting would make more than"),
+    "format_doubling": ("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = '%s%s' % (ns.s, ns.s) %}"
+                        "{% endfor %}{{ ns.s|length }}", "'%' formatting would make more than"),
+    "join_of_a_huge_list": ("{% set s = 'a' * 4000000 %}{{ ([s] * 1000)|join|length }}",
+                            "filter 'join' would make more than"),
+    "str_join_method": ("{% set s = 'a' * 4000000 %}{{ '-'.join([s] * 1000)|length }}", "str.join would make"),
+    "format_method_width": ("{{ '{:{w}}'.format(1, w=9999999999) }}", "str.format would make"),
+    "printed_list": ("{% set s = 'a' * 4000000 %}{{ [s] * 1000 }}", "printing a value would make"),
+    "tojson_of_a_list": ("{% set s = 'a' * 4000000 %}{{ ([s] * 1000)|tojson|length }}", "filter 'tojson' would"),
+    "indent_per_line": ("{{ ('\\n' * 1000000)|indent(1000000)|length }}", "filter 'indent' would make"),
+    "replace_empty": ("{{ ('a' * 4000000)|replace('', 'bbbb')|length }}", "filter 'replace' would make"),
+    "ljust_method": ("{{ 'a'.ljust(3000000000)|length }}", "str.ljust would make"),
+    "expandtabs_method": ("{{ ('\\t' * 1000000).expandtabs(1000000)|length }}", "str.expandtabs would make"),
+}
+
+
+@pytest.mark.parametrize("bomb", list(ONE_STEP_BOMBS))
+def test_a_one_step_bomb_is_refused_before_it_runs(bomb):
+    template, says = ONE_STEP_BOMBS[bomb]
+    t0 = time.monotonic()
+    e = _bounded(lambda: render_chat_template(template, USER, where="t/chat_template.jinja"))
+    assert time.monotonic() - t0 < 3
+    assert isinstance(e, ChatTemplateError) and str(e).startswith("t/chat_template.jinja: the chat template was "
+                                                                  "stopped: ") and says in str(e), e
+    assert "\n" not in str(e)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ 'ab' ~ messages[0]['content'] ~ 3 }}|{{ '%s: %5.2f %r' % (messages[0]['role'], 1.5, 'x') }}",
+    "{{ messages|map(attribute='content')|join(', ') }}|{{ '%(a)s-%(b)d'|format(a='x', b=2) }}|{{ messages }}",
+    "{{ 'a\\nb'|indent(2, first=True) }}|{{ 'one two three'|wordwrap(4) }}|{{ 'aXbX'|replace('X', '--') }}",
+    "{{ '{}/{:>4}'.format(messages[0]['role'], 7) }}|{{ '-'.join(['a', 'b']) }}|{{ messages|tojson }}",
+    "{{ 'q'|center(5) }}|{{ 'a\\tb'.expandtabs(4) }}|{{ 'x'.ljust(3) }}|{{ [[1], [2]]|sum(start=[]) }}",
+])
+def test_bounded_operations_render_as_plain_jinja_does(template):
+    import jinja2
+
+    want = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(template).render(messages=USER)
+    assert render_chat_template(template, USER, where="T") == want
+
+
+def test_the_memory_guard_reads_the_resident_size_now_not_the_peak():
+    """A process that once held more (a model loaded and freed) must not give a template that gap for free."""
+    from tpu_export.edge.chat_template import _rss_bytes
+
+    before = _rss_bytes()
+    block = bytearray(400 << 20)  # zero pages: touched so they are resident
+    block[::4096] = b"x" * len(block[::4096])
+    held = _rss_bytes()
+    del block
+    after = _rss_bytes()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert held - before > 350 << 20 and held - after > 350 << 20 and peak - after > 350 << 20
+
+
 def test_a_real_template_renders_as_transformers_does():
     from tests.llm_models import CHAT_TEMPLATE, tiny_tokenizer
 
