@@ -215,6 +215,43 @@ def test_fifo_given_as_the_artifact_path(tmp_path):
     _refused_fast(tmp_path / "model.tpuexp.zip", ArtifactCorruptError, "is a FIFO, not an artifact")
 
 
+@pytest.mark.parametrize("swap", ["symlink", "fifo"])
+@pytest.mark.parametrize("form", ["dir", "zip"])
+def test_weights_are_mapped_from_the_descriptor_that_was_checked(bundle, tmp_path, monkeypatch, form, swap):
+    """The file is swapped (for a symlink to a same-shaped decoy with zeroed tensors, or a FIFO) just after the
+    container checked it: the load still maps the checked file, since nothing is reopened by name."""
+    from tpu_export.tpu_backend.artifact import container
+
+    saved = Path(bundle.save(tmp_path / ("m.tpuexp" + (".zip" if form == "zip" else ""))))
+    victim = saved / "weights.safetensors" if form == "dir" else saved
+    cls = container.DirContainer if form == "dir" else container.ZipContainer
+    checked = cls.span
+
+    def span_then_swap(self, rel):
+        got = checked(self, rel)
+        if rel == "weights.safetensors":
+            _, offset, length = got
+            raw = bytearray(victim.read_bytes())
+            data = offset + 8 + int.from_bytes(raw[offset:offset + 8], "little")
+            raw[data:offset + length] = bytes(offset + length - data)
+            victim.rename(tmp_path / "checked")
+            if swap == "fifo":
+                os.mkfifo(victim)
+            else:
+                (tmp_path / "decoy").write_bytes(bytes(raw))
+                victim.symlink_to(tmp_path / "decoy")
+        return got
+
+    monkeypatch.setattr(cls, "span", span_then_swap)
+    with deadline(10):
+        loaded = tpu_backend.read_artifact(saved)
+    assert victim.is_symlink() or victim.is_fifo()  # the swap happened before the weights were read
+    assert set(loaded.weights) == set(bundle.weights)
+    assert any(np.any(w.numpy()) for w in bundle.weights.values())  # so the zeroed decoy differs
+    for name, w in loaded.weights.items():
+        np.testing.assert_array_equal(w, bundle.weights[name].numpy())
+
+
 # ------------------------------------------------------------------ only stored zip entries
 
 

@@ -1,7 +1,8 @@
 """Where an artifact's files live: a directory, or the same files in one uncompressed zip.
 
 Both give the reader the same view: a listing, each file's bytes, a streaming sha256, and the
-(path, offset, length) of a file's bytes on disk so weights can be memory-mapped in place.
+(descriptor, offset, length) of a file's bytes on disk so weights can be memory-mapped in place from the
+very file that was checked.
 
 An artifact may come from anyone, so a container trusts nothing in it:
 
@@ -74,6 +75,7 @@ class DirContainer:
         except UntrustedFileError as e:
             raise ArtifactError(f"{root}: cannot read it ({e.problem})") from None
         self.fd = self.folder.fd
+        self._spans: list[int] = []
 
     def _bad(self, rel: str, mode: int) -> ArtifactCorruptError:
         return ArtifactCorruptError(f"{self.root}: {rel} is {_kind(mode)}; an artifact holds only regular "
@@ -163,17 +165,22 @@ class DirContainer:
                                        "truncated or changed while being read")
         return h.hexdigest()
 
-    def span(self, rel: str) -> tuple[str, int, int]:
+    def span(self, rel: str) -> tuple[int, int, int]:
+        """(descriptor, offset, length) of ``rel``: opened without following any symlink and checked to be a
+        regular file. Read and map through this descriptor, never by name, so a file swapped in after the check
+        is never seen; the container owns it and closes it in ``close``."""
         fd = self._open(rel)
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
             raise self._bad(rel, st.st_mode)
-        return os.path.join(self.root, rel), 0, st.st_size
+        os.set_blocking(fd, True)
+        self._spans.append(fd)
+        return fd, 0, st.st_size
 
     def close(self):
+        while self._spans:
+            os.close(self._spans.pop())
         self.folder.close()
         self.fd = None
 
@@ -258,8 +265,9 @@ class ZipContainer:
             raise ArtifactCorruptError(f"{self.path}: {rel}: unreadable ({e}); truncated or corrupted") from None
         return h.hexdigest()
 
-    def span(self, rel: str) -> tuple[str, int, int]:
-        """(path, offset, length) of a stored entry's bytes, checked to lie inside the file."""
+    def span(self, rel: str) -> tuple[int, int, int]:
+        """(descriptor, offset, length) of a stored entry's bytes, checked to lie inside the file: the zip's own
+        open descriptor, owned by the container (read and map through it, never by name)."""
         info = self.infos[rel]
         self.file.seek(info.header_offset)
         local = self.file.read(30)
@@ -269,7 +277,7 @@ class ZipContainer:
         start = info.header_offset + 30 + name_len + extra_len
         if start + info.file_size > self.size:
             raise ArtifactCorruptError(f"{self.path}: {rel}: its bytes run past the end of the zip; truncated")
-        return self.path, start, info.file_size
+        return self.file.fileno(), start, info.file_size
 
     def close(self):
         if getattr(self, "zf", None) is not None:

@@ -2,8 +2,9 @@
 
 Layout (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian header
 length N, N bytes of JSON ``{name: {"dtype", "shape", "data_offsets": [begin, end]}, ...,
-"__metadata__": {...}}``, then the tensor bytes. Reading from a byte range (rather than a
-path) lets the same code map weights inside an uncompressed zip. Writing streams tensor by
+"__metadata__": {...}}``, then the tensor bytes. Reading from a byte range of an open descriptor
+(rather than a path) lets the same code map weights inside an uncompressed zip, and maps the very
+file the container checked. Writing streams tensor by
 tensor, so saving never holds a second copy of the weights. The header is parsed as data and
 checked completely (dtypes, shapes, offsets, coverage) before any array is made.
 """
@@ -11,14 +12,17 @@ checked completely (dtypes, shapes, offsets, coverage) before any array is made.
 from __future__ import annotations
 
 import json
-import math
+import os
 import struct
 
 import numpy as np
 import torch
 
+from tpu_export.converter.safetensors_weights import check_entry, read_header
+from tpu_export.converter.untrusted import UntrustedFileError, open_regular
+
 from .dtypes import name_to_numpy, torch_to_name, torch_to_numpy_array
-from .errors import ArtifactCorruptError
+from .errors import ArtifactCorruptError, ArtifactError
 
 __all__ = ["write_safetensors", "read_safetensors"]
 
@@ -27,7 +31,6 @@ _CODE = {
     "int16": "I16", "int32": "I32", "int64": "I64", "uint8": "U8", "bool": "BOOL", "complex64": "C64",
 }
 _NAME = {v: k for k, v in _CODE.items()}
-_MAX_HEADER = 100 * 1024 * 1024
 
 
 def write_safetensors(f, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -54,44 +57,40 @@ def write_safetensors(f, tensors: dict[str, torch.Tensor], metadata: dict[str, s
             release_pages(t)  # a weight mapped from a model directory: its pages, read for the write, go back
 
 
-def read_safetensors(path: str, offset: int, length: int, what: str = "weights.safetensors") -> dict[str, np.ndarray]:
-    """Arrays (read-only memory maps) of the safetensors blob at ``path[offset:offset+length]``."""
+def read_safetensors(source, offset: int, length: int, what: str = "weights.safetensors") -> dict[str, np.ndarray]:
+    """Arrays (read-only memory maps) of the safetensors blob at bytes ``[offset, offset + length)`` of ``source``:
+    an open descriptor (a container's checked one, read and mapped as it is, never reopened by name), or a path,
+    opened once by converter/untrusted.py's rule. The header and every entry are checked by the converter's
+    safetensors validator; an artifact's tensors must also tile the data exactly."""
+    if isinstance(source, int):
+        return _read_fd(source, offset, length, what)
+    try:
+        fd, _ = open_regular(source, what="the safetensors file")
+    except UntrustedFileError as e:
+        raise ArtifactError(str(e)) from None
+    try:
+        return _read_fd(fd, offset, length, what)
+    finally:
+        os.close(fd)
 
+
+def _read_fd(fd: int, offset: int, length: int, what: str) -> dict[str, np.ndarray]:
     def bad(msg):
         return ArtifactCorruptError(f"{what}: {msg}")
 
-    with open(path, "rb") as f:
-        f.seek(offset)
-        head = f.read(8)
-        if len(head) < 8:
-            raise bad("truncated before the header length")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(_MAX_HEADER, length - 8):
-            raise bad(f"header length {n} does not fit in {length} bytes")
-        try:
-            header = json.loads(f.read(n))
-        except (ValueError, RecursionError) as e:  # RecursionError: a header nested absurdly deep
-            raise bad(f"header is not valid JSON ({e})") from None
-    if not isinstance(header, dict):
-        raise bad("header is not a JSON object")
-    header.pop("__metadata__", None)
-    data_start, data_len = offset + 8 + n, length - 8 - n
+    try:
+        n, header = read_header(fd, offset, length, what)
+        header.pop("__metadata__", None)
+        data_len = length - 8 - n
+        entries = [(name, check_entry(what, name, e, data_len)) for name, e in header.items()]
+    except UntrustedFileError as e:
+        raise (bad(e.problem) if e.reason == "malformed" else ArtifactError(str(e))) from None
     spans = []
-    for name, e in header.items():
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-            raise bad(f"entry {name!r} is malformed")
-        if not isinstance(e["dtype"], str) or e["dtype"] not in _NAME:
-            raise bad(f"entry {name!r} has unknown dtype {e['dtype']!r}")
-        shape, offs = e["shape"], e["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise bad(f"entry {name!r} has a malformed shape {shape!r}")
-        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) for o in offs)):
-            raise bad(f"entry {name!r} has malformed data_offsets {offs!r}")
-        dt = name_to_numpy(_NAME[e["dtype"]])
-        if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != math.prod(shape) * dt.itemsize:
-            raise bad(f"entry {name!r} spans bytes {offs} which do not fit its shape or the file "
-                      f"({data_len} data bytes): truncated or corrupted")
-        spans.append((offs[0], offs[1], name, dt, shape))
+    for name, (code, shape, begin, nbytes) in entries:
+        if code not in _NAME:
+            raise bad(f"tensor {name!r}: dtype {code} is not one a tpu-export artifact stores ({sorted(_NAME)}); "
+                      "re-save the artifact with tpu-export")
+        spans.append((begin, begin + nbytes, name, name_to_numpy(_NAME[code]), shape))
     spans.sort()
     pos = 0
     for b, e, name, _, _ in spans:
@@ -100,7 +99,17 @@ def read_safetensors(path: str, offset: int, length: int, what: str = "weights.s
         pos = e
     if pos != data_len:
         raise bad(f"{data_len - pos} trailing bytes after the last tensor")
-    buf = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_len,)) if data_len else None
+    buf = None
+    if data_len:
+        # the map is made from this descriptor (np.memmap dups it), so it shows the file that was checked;
+        # np.memmap seeks to the end to size the file, and a zip's descriptor is shared with its reader, so its
+        # position is put back
+        pos = os.lseek(fd, 0, os.SEEK_CUR)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                buf = np.memmap(f, dtype=np.uint8, mode="r", offset=offset + 8 + n, shape=(data_len,))
+        finally:
+            os.lseek(fd, pos, os.SEEK_SET)
     out = {}
     for b, e, name, dt, shape in spans:
         out[name] = buf[b:e].view(dt).reshape(shape) if e > b else np.zeros(shape, dt)
