@@ -21,11 +21,13 @@ inputs are never read (the converter takes its own sample inputs).
 from __future__ import annotations
 
 import json
+import os
 import re
 import zipfile
 
 from ._torch_compat import deserialize_program, payload_config, serde_sym_ops, tensor_layout
 from .errors import ExportFailedError, one_line
+from .untrusted import UntrustedFileError, open_regular
 
 __all__ = ["load_pt2"]
 
@@ -63,20 +65,27 @@ _MAX_EXPR = 2000
 def load_pt2(path: str):
     """The ExportedProgram in ``path``; nothing in the file is unpickled, evaluated or executed."""
     try:
-        zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError) as e:
-        raise ExportFailedError(f"{path}: not a torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e
-    with zf:
+        fd, _ = open_regular(path, what="the .pt2 archive")  # a FIFO or device is refused, never waited on
+    except UntrustedFileError as e:
+        raise ExportFailedError(str(e)) from None
+    with os.fdopen(fd, "rb") as f:  # ZipFile leaves open a file object it was given
         try:
-            files = _index(path, zf)
-            weights = _tensors(path, zf, files, "data/weights/", "weight", f"data/weights/{_MODEL}_weights_config.json")
-            constants = _tensors(path, zf, files, "data/constants/", "constant",
-                                 f"data/constants/{_MODEL}_constants_config.json")
-            raw = _json(path, zf, files, f"models/{_MODEL}.json")
-        except ExportFailedError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a corrupt entry: one line, never a traceback
-            raise ExportFailedError(f"{path}: not a readable torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e
+            zf = zipfile.ZipFile(f)
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            raise ExportFailedError(f"{path}: not a torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e
+        with zf:
+            try:
+                files = _index(path, zf)
+                weights = _tensors(path, zf, files, "data/weights/", "weight",
+                                   f"data/weights/{_MODEL}_weights_config.json")
+                constants = _tensors(path, zf, files, "data/constants/", "constant",
+                                     f"data/constants/{_MODEL}_constants_config.json")
+                raw = _json(path, zf, files, f"models/{_MODEL}.json")
+            except ExportFailedError:
+                raise
+            except Exception as e:  # noqa: BLE001 - a corrupt entry: one line, never a traceback
+                raise ExportFailedError(
+                    f"{path}: not a readable torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e
     _check_graph_json(path, raw)
     return _deserialize(path, raw, weights, constants)
 

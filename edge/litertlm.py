@@ -31,6 +31,7 @@ import os
 import re
 
 from tpu_export.converter.atomic import discard, staging_dir, write_file
+from tpu_export.converter.untrusted import UntrustedFileError, limit, read_bytes
 
 __all__ = ["LitertLmError", "MODEL_TYPES", "engine_vocab", "read_litertlm", "write_litertlm"]
 
@@ -134,11 +135,11 @@ def _tokenizer_bytes(tokenizer_json) -> bytes:
     if isinstance(tokenizer_json, (bytes, bytearray)):
         data = bytes(tokenizer_json)
     elif isinstance(tokenizer_json, (str, os.PathLike)):
-        if not os.path.isfile(tokenizer_json):
-            _fail(f"tokenizer_json: {os.fspath(tokenizer_json)} is not a file: pass the model directory's "
-                  f"tokenizer.json (a Hugging Face fast tokenizer)")
-        with open(tokenizer_json, "rb") as f:
-            data = f.read()
+        try:
+            data = read_bytes(tokenizer_json, max_bytes=limit("tokenizer"), cap_name="tokenizer",
+                              what="the tokenizer")
+        except UntrustedFileError as e:
+            _fail(f"tokenizer_json: {e}")
     else:
         _fail(f"tokenizer_json: expected bytes or a path to tokenizer.json, got {type(tokenizer_json).__name__}")
     try:
@@ -287,7 +288,7 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
 def read_litertlm(path) -> dict:
     """The bundle's version, system metadata and sections (type, byte range, items, and for the metadata sections
     their fields as a dict), for ``tpu-export inspect``; the bundle is checked first (edge.litertlm_check: a
-    corrupt one is a BundleFormatError). Reads the header and the metadata sections only, mapped."""
+    corrupt one is a BundleFormatError). The file is mapped, never read whole."""
     from .litertlm_check import check_litertlm
 
     return check_litertlm(path)

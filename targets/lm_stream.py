@@ -96,7 +96,7 @@ def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dic
     if not streams:
         return None
     # the collector paused as for the capture: the lowering's hundreds of thousands of schema objects made its full
-    # collections ~6% of the 0.84 B Llama's convert-lm (#15); nothing here waits on a collection to free memory
+    # collections ~6% of the 0.84 B Llama's convert-lm; nothing here waits on a collection to free memory
     with gc_paused():
         return _write_streamed(prog, src, spec, target, opts, d, stages, scheme)
 

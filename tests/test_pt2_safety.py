@@ -229,3 +229,19 @@ def test_corrupted_archives_never_escape_as_other_exceptions(tmp_path):
             # a converter error on a graph the flip left valid is fine, any other is not
             assert isinstance(e, ConversionError), (path, type(e), e)
     assert outcomes["refused"] > 60, outcomes
+
+
+@pytest.mark.subprocess
+def test_a_fifo_given_as_the_pt2_is_refused_at_once(tmp_path):
+    """A FIFO never answers: opened non-blocking and refused, in a child so a regression fails, not hangs."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "model.pt2"
+    os.mkfifo(fifo)
+    code = ("from tpu_export.converter.pt2_load import load_pt2\n"
+            "try:\n    load_pt2(%r)\nexcept Exception as e:\n    print(type(e).__name__, e)\n" % str(fifo))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.startswith("ExportFailedError "), r.stdout + r.stderr
+    assert "the .pt2 archive is a FIFO, not a regular file" in r.stdout

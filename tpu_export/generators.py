@@ -71,7 +71,7 @@ def load_generator(path, *, verbose: bool = False, isolate: bool = False,
         raise GeneratorError(f"{path}: no such file or folder")
     if path.endswith(".litertlm"):
         return EngineGenerator(path, verbose=verbose, isolate=isolate,
-                               isolate_timeout=isolate_timeout or DEFAULT_ISOLATE_TIMEOUT)
+                               isolate_timeout=DEFAULT_ISOLATE_TIMEOUT if isolate_timeout is None else isolate_timeout)
     if isolate:
         raise GeneratorError(f"{path}: isolate runs the LiteRT-LM engine of a .litertlm in a child process; a "
                              ".tflite is checked structurally before the interpreter sees it and a TPU artifact's "

@@ -189,7 +189,7 @@ def _bad_cases(b):
         "max_tokens": (("x.litertlm", lite), {**ok, "max_num_tokens": CACHE + 1},
                        r"max_num_tokens: 97 must be an int in \[1, 96\]"),
         "no_tokenizer": (("x.litertlm", lite), {**ok, "tokenizer_json": d / "nope.json"},
-                         r"tokenizer_json: .*nope\.json is not a file"),
+                         r"tokenizer_json: .*nope\.json: the tokenizer: no such file"),
         "other_spec": (("x.litertlm", lite), {**ok, "cache_spec": CacheSpec(2, 2, 64, 16), "max_num_tokens": 64},
                        r"tflite: signature '\w+' input 'kv_cache_k_0' is \(\(1, 2, 96, 16\), 'float32'\), "
                        r"LiteRT-LM needs \(\(1, 2, 64, 16\)"),

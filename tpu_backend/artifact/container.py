@@ -35,7 +35,6 @@ __all__ = ["open_container", "DirContainer", "ZipContainer"]
 _CHUNK = 1 << 20
 _MAX_ENTRIES = 10_000  # a real artifact holds a handful of files per signature and target
 _MAX_DEPTH = 8  # directory levels inside an artifact (the writer makes two)
-_kind = kind_of
 
 
 def open_container(path):
@@ -49,7 +48,7 @@ def open_container(path):
     if stat.S_ISDIR(st.st_mode):
         return DirContainer(path)
     if not stat.S_ISREG(st.st_mode):
-        raise ArtifactCorruptError(f"{path}: is {_kind(st.st_mode)}, not an artifact directory or .zip file")
+        raise ArtifactCorruptError(f"{path}: is {kind_of(st.st_mode)}, not an artifact directory or .zip file")
     return ZipContainer(path)
 
 
@@ -78,7 +77,7 @@ class DirContainer:
         self._spans: list[int] = []
 
     def _bad(self, rel: str, mode: int) -> ArtifactCorruptError:
-        return ArtifactCorruptError(f"{self.root}: {rel} is {_kind(mode)}; an artifact holds only regular "
+        return ArtifactCorruptError(f"{self.root}: {rel} is {kind_of(mode)}; an artifact holds only regular "
                                     "files (copy the real file in its place)")
 
     def listing(self) -> dict[str, int]:
@@ -140,9 +139,7 @@ class DirContainer:
     def read(self, rel: str, size: int) -> bytes:
         fd = self._open_file(rel, size)
         try:
-            return _read_fd(fd, size, f"{self.root}: {rel}")
-        except OSError as e:
-            raise ArtifactError(f"{self.root}: {rel}: cannot read it ({e.strerror})") from None
+            return _read_fd(fd, size, f"{self.root}: {rel}")  # a read error is already an ArtifactError there
         finally:
             os.close(fd)
 
@@ -192,7 +189,7 @@ class ZipContainer:
             fd, size = open_regular(path, what="the zip")
         except UntrustedFileError as e:
             if e.reason == "not_regular":  # swapped since open_container looked
-                raise ArtifactCorruptError(f"{path}: is {_kind(e.mode)}, not a .zip file") from None
+                raise ArtifactCorruptError(f"{path}: is {kind_of(e.mode)}, not a .zip file") from None
             raise ArtifactError(f"{path}: cannot read it ({e.problem})") from None
         self.file = os.fdopen(fd, "rb")
         self.size = size
