@@ -6,6 +6,8 @@ from __future__ import annotations
 import mmap
 import os
 
+from tpu_export.converter.untrusted import open_regular
+
 __all__ = ["describe_litertlm"]
 
 
@@ -42,7 +44,8 @@ def _signatures(path: str, begin: int, end: int) -> list[str]:
     from .tflite_io import signatures
 
     # a view of the section, not a copy of it: a bundle past 2 GB holds a model section as large
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as whole:
+    fd, _ = open_regular(path, what="the bundle")
+    with os.fdopen(fd, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm, memoryview(mm) as whole:
         with whole[begin:end] as section:
             sigs = signatures(section)
     out = []
