@@ -162,12 +162,18 @@ def test_a_fifo_as_the_bundle_is_refused_without_waiting(tmp_path, command):
 # ---------------------------------------------------------------------- --isolate
 
 def _children() -> list[int]:
-    """This process's child processes (from /proc)."""
+    """This process's isolated-engine children (from /proc): only those, since a test worker can hold other
+    children of earlier tests, which must never be signalled here."""
+    from tpu_export.generators import _CHILD
+
     me, out = os.getpid(), []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != me:
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if _CHILD.encode() in f.read():
                     out.append(int(pid))
         except (OSError, IndexError, ValueError):
             pass
