@@ -251,6 +251,22 @@ def render_page(results: dict) -> str:
         "- torch-tpu 0.2.0 (torch `>=2.11,<=2.15`, libtpu `>=0.0.50`) installs next to `tpu-export[tpu]`:",
         "  `pip install 'tpu-export[tpu]' torch-tpu` resolves to libtpu 0.0.51.",
         "",
+        "## Past jax 0.10.2",
+        "",
+        "jax 0.11 and later need Python 3.12, which this platform does not have, so the cap stays until a stack with",
+        "them runs here. What tpu-export uses that moves between jax releases, to check first when it is lifted:",
+        "",
+        "- `jax.export`: an artifact records the jax version and its serialization; the loader's version window",
+        "  (`tpu_backend/artifact/versions.py`) decides what it opens, and the golden artifacts under",
+        "  `tests/tpu/golden/` (written by 0.10.2) must keep loading.",
+        "- Pallas on TPU: `jax.experimental.pallas` and `pallas.tpu` (block specs, grid specs, compiler parameters)",
+        "  and the attention kernels jax ships under `jax.experimental.pallas.ops.tpu` (splash, flash), whose",
+        "  signatures change between releases.",
+        "- The libtpu pairing: each jax release names its libtpu (`jax[tpu]`); the `tpu` extra's range moves with",
+        "  it, and `jax.experimental.topologies.get_topology_desc` (AOT compiles on a host without a TPU) with it.",
+        "- Private jax names, three uses in `tpu_backend/`: `jax._src.core`, `jax._src.lib.xla_client` and",
+        "  `jax._src.config`; and `jax.experimental.mesh_utils` for sharded artifacts.",
+        "",
     ]
     return "\n".join(lines)
 
