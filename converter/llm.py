@@ -57,6 +57,11 @@ class CacheSpec:
     def shape(self) -> tuple[int, int, int, int]:
         return (self.batch, self.kv_heads, self.cache_len, self.head_dim)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole cache: K and V of every layer."""
+        return 2 * self.num_layers * self.batch * self.kv_heads * self.cache_len * self.head_dim * self.dtype.itemsize
+
     def names(self) -> list[str]:
         """Input/output names, K and V of layer 0, then layer 1, ... (LiteRT-LM's ``kv_cache_k_<i>`` naming)."""
         return [f"kv_cache_{kind}_{i}" for i in range(self.num_layers) for kind in ("k", "v")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["mem_available", "memory_budget"]
+__all__ = ["mem_available", "memory_budget", "physical_memory"]
 
 
 def mem_available() -> int | None:
@@ -20,12 +20,17 @@ def mem_available() -> int | None:
     return None
 
 
-def memory_budget() -> int:
-    """MemAvailable, else the physical memory, else 16 GiB: a bound for sizes checked before allocating."""
-    avail = mem_available()
-    if avail is not None:
-        return avail
+def physical_memory() -> int | None:
+    """Bytes of physical memory, or None where the system does not say."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError):
-        return 16 << 30
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def memory_budget() -> int:
+    """MemAvailable, else the physical memory, else 16 GiB: a bound for sizes checked before allocating."""
+    for bound in (mem_available(), physical_memory()):
+        if bound is not None:
+            return bound
+    return 16 << 30

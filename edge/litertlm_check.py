@@ -33,7 +33,7 @@ import zlib
 
 from .litertlm import LitertLmError
 
-__all__ = ["BundleFormatError", "check_litertlm"]
+__all__ = ["BundleFormatError", "check_litertlm", "max_token_id"]
 
 
 class BundleFormatError(LitertLmError):
@@ -312,21 +312,25 @@ class _Bundle:
             self.fail(where, f"the tokenizer is not JSON ({type(e).__name__}: {e})")
         if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
             self.fail(where, "the tokenizer has no 'model' entry: not a Hugging Face tokenizer.json")
-        top = _max_token_id(doc)
+        top = max_token_id(doc)
         if vocab is not None and top is not None and top >= vocab:
             self.fail(where, f"the tokenizer has token id {top}, past the model's vocabulary of {vocab} (logits)")
         return size
 
 
-def _max_token_id(doc: dict):
-    """The largest id tokenizer.json can produce: its model's vocabulary and its added tokens."""
+def max_token_id(doc) -> int | None:
+    """The largest id a parsed tokenizer.json can produce (its model's vocabulary and its added tokens), or None
+    when it names none. Used where a tokenizer meets an embedding: the bundle check and a model directory's."""
+    if not isinstance(doc, dict):
+        return None
     ids = []
-    vocab = doc["model"].get("vocab")
+    model = doc.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     if isinstance(vocab, dict):
-        ids += [v for v in vocab.values() if isinstance(v, int)]
+        ids += [v for v in vocab.values() if type(v) is int]
     elif isinstance(vocab, list):  # Unigram: [[piece, score], ...], ids by position
         ids.append(len(vocab) - 1)
-    ids += [t.get("id") for t in doc.get("added_tokens") or () if isinstance(t, dict) and isinstance(t.get("id"), int)]
+    ids += [t["id"] for t in doc.get("added_tokens") or () if isinstance(t, dict) and type(t.get("id")) is int]
     return max(ids) if ids else None
 
 

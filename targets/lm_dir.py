@@ -271,22 +271,15 @@ def check_finite(model, name: str, *, allow: bool = False) -> None:
 def _tokenizer_max_id(tok_json: str, where: str) -> int:
     import json
 
+    from tpu_export.edge.litertlm_check import max_token_id
+
     try:
         data = json.loads(tok_json)
     except (ValueError, RecursionError):
         raise LmSourceError(f"{where}: not valid JSON. Fix: save the tokenizer again "
                             "(tokenizer.save_pretrained(DIR))") from None
-    ids = [-1]
-    model = data.get("model") if isinstance(data, dict) else None
-    vocab = model.get("vocab") if isinstance(model, dict) else None
-    if isinstance(vocab, dict):
-        ids += [v for v in vocab.values() if type(v) is int]
-    elif isinstance(vocab, list):
-        ids.append(len(vocab) - 1)
-    for t in (data.get("added_tokens") or []) if isinstance(data, dict) else []:
-        if isinstance(t, dict) and type(t.get("id")) is int:
-            ids.append(t["id"])
-    return max(ids)
+    top = max_token_id(data)
+    return -1 if top is None else top
 
 
 def check_vocab(tok_json: str, rows: int, where: str) -> None:
@@ -322,10 +315,12 @@ def check_lengths(num_layers: int, kv_heads: int, head_dim: int, prefill_lengths
     if max(prefill_lengths) > cache_len:
         raise LmSourceError(f"{name}: prefill length {max(prefill_lengths)} is more than cache_len {cache_len} (a "
                             "prefill writes its tokens into the cache). Fix: a longer cache or a shorter prefill")
-    need = 2 * num_layers * kv_heads * head_dim * cache_len * 4
+    from tpu_export.converter.llm import CacheSpec
+
+    need = CacheSpec(num_layers, kv_heads, cache_len, head_dim).nbytes  # float32, as captured
     have = memory_budget()
     if need > have // 2:
-        most = max(1, (have // 2) // max(1, 2 * num_layers * kv_heads * head_dim * 4))
+        most = max(1, (have // 2) // max(1, CacheSpec(num_layers, kv_heads, 1, head_dim).nbytes))
         raise LmSourceError(f"{name}: cache_len {cache_len} makes a {need / 2**30:.1f} GiB KV cache; this machine "
                             f"has {have / 2**30:.1f} GiB available (half of it for the cache: at most "
                             f"{most} slots). Fix: a smaller cache_len")

@@ -138,13 +138,6 @@ def read_lm_json(folder: str) -> tuple[dict, "object"]:
     return meta, CacheSpec(*dims, getattr(torch, dtype))
 
 
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_cache(spec, inputs: dict, meta_path: str, model: str) -> None:
     """lm.json's caches are the model's own: every kv_cache_* input of its decode signature, the same shape and
     dtype, and nothing more (the loop allocates what lm.json says; the model file, checked, says what it is)."""
@@ -155,8 +148,10 @@ def _check_cache(spec, inputs: dict, meta_path: str, model: str) -> None:
         raise GeneratorError(f"{meta_path}: its cache ({spec.num_layers} layers x {spec.kv_heads} heads x "
                              f"{spec.cache_len} slots x {spec.head_dim}, {want and next(iter(want.values()))[1]}) is "
                              f"not {model}'s decode inputs (first differences: {diff}); convert the model again")
-    need = 2 * 2 * spec.num_layers * spec.kv_heads * spec.cache_len * spec.head_dim * spec.dtype.itemsize
-    mem = _physical_memory()
+    from tpu_export.converter.machine import physical_memory
+
+    need = 2 * spec.nbytes  # the loop holds the caches it passes in and the ones it gets back
+    mem = physical_memory()
     if mem is not None and need > mem:
         raise GeneratorError(f"{meta_path}: its caches need {need >> 20} MiB (in and out), more than this machine's "
                              f"{mem >> 20} MiB of memory")
