@@ -122,7 +122,9 @@ def _raise(work, rc, stderr, signature, target, topology, timeout):
         if err["type"] == "HbmOverflowError":
             raise HbmOverflowError(msg, err.get("needed"), err.get("available"))
         raise (InvalidTopologyError if err["type"] == "InvalidTopologyError" else AotError)(msg)
-    how = f"was killed by signal {-rc}" if rc < 0 else f"failed with exit status {rc}"  # -9: out of memory?
+    from tpu_export.converter.child_process import exit_status
+
+    how = f"was {exit_status(rc)}" if rc < 0 else f"failed with {exit_status(rc)}"  # SIGKILL: out of memory?
     raise AotError(f"signature {signature!r}: the {target} ({topology}) compile worker (python -m "
                    f"tpu_export.tpu_backend.compile_worker) {how}; its last stderr line: {last}")
 
