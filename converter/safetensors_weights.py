@@ -260,10 +260,11 @@ def _map(module, ckpt: Checkpoint):
     return undo, list(maps.values())
 
 
-def safetensors_loader(folder):
+def safetensors_loader(folder, checkpoint=None):
     """A weights_loader reading a model directory's safetensors shards one tensor at a time (each read is the
-    tensor's checked byte range of its shard, nothing more)."""
-    ckpt = read_checkpoint(folder)
+    tensor's checked byte range of its shard, nothing more). ``checkpoint``: the directory's read_checkpoint
+    already made, left open for its owner (else the loader reads its own and closes it with itself)."""
+    ckpt = checkpoint if checkpoint is not None else read_checkpoint(folder)
     fds: dict[str, int] = {}
 
     def load(name: str) -> torch.Tensor:
@@ -288,7 +289,8 @@ def safetensors_loader(folder):
         for fd in fds.values():
             os.close(fd)
         fds.clear()
-        ckpt.close()
+        if checkpoint is None:
+            ckpt.close()
 
     load.close = close
     load.checkpoint = ckpt

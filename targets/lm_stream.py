@@ -57,7 +57,7 @@ def load_lazily(path: str, dtype=None, *, config=None, checkpoint=None):
         # a spool as it is read
         mapped = map_safetensors(model, path, ckpt)
         if mapped is None:
-            loader = safetensors_loader(path)
+            loader = safetensors_loader(path, ckpt)  # the index and headers read once
             try:
                 mapped = materialize(model, loader)
             finally:
