@@ -67,6 +67,7 @@ _TYPES = {
     "use_pallas": (_use_pallas, "True, False, 'auto' or a PallasConfig"),
     "dtype": (lambda v: v is None or (isinstance(v, str) and v in ("float32", "fp32", "bfloat16", "bf16")),
               "'float32' or 'bfloat16'"),
+    "precision": (lambda v: v is None or v in ("highest", "high", "default"), "'highest', 'high' or 'default'"),
     "mesh": (lambda v: True, ""),  # checked by tpu_backend.sharding.MeshSpec below
     "partition_rules": (lambda v: True, ""),
     "aot": (lambda v: isinstance(v, bool), "True or False"),
@@ -124,10 +125,13 @@ class IotOptions(EdgeOptions):
 @dataclasses.dataclass(frozen=True)
 class XlaOptions(_Options):
     """Options of a StableHLO target without a TPU chip (cuda, cpu-xla). ``use_pallas`` None: "auto" on TPU
-    chips, False elsewhere; ``dtype`` None: float32."""
+    chips, False elsewhere; ``dtype`` None: float32; ``precision`` None: "highest" (a float32 matmul's or
+    conv's passes on TPU: "highest" float32-exact, "high" bf16_3x, "default" one bf16 pass, the fastest compile
+    and run; tpu_backend.export_program)."""
 
     use_pallas: Any = None
     dtype: str | None = None
+    precision: str | None = None
     quant_config: Any = None
     mesh: Any = None
     partition_rules: Any = None
@@ -142,6 +146,8 @@ class XlaOptions(_Options):
         kw = {}
         if self.dtype in ("bfloat16", "bf16"):
             kw["dtype"] = "bfloat16"
+        if self.precision is not None:
+            kw["precision"] = self.precision
         if self.quant_config is not None:
             from tpu_export.tpu_backend.quant import parse_quant
 

@@ -44,22 +44,26 @@ def write_tpu_artifact(prog, target, opts, path: str, say, *, export=None) -> di
     import importlib.util
 
     from tpu_export import tpu_backend
+    from tpu_export.converter.progress import heartbeat
 
     t = get_target(target)
-    say(f"{t.name}: lowering to JAX and exporting StableHLO for {', '.join(t.platforms)}")
-    bundle = (export or tpu_backend.export_program)(prog, platforms=t.platforms, **opts.export_kwargs(t))
-    info = {"platforms": list(t.platforms)}
+    kwargs = opts.export_kwargs(t)
+    with heartbeat(say, f"{t.name}: lowering to JAX and exporting StableHLO for {', '.join(t.platforms)}"):
+        bundle = (export or tpu_backend.export_program)(prog, platforms=t.platforms, **kwargs)
+    info = {"platforms": list(t.platforms), "precision": kwargs.get("precision", "highest")}
     if bundle.quant is not None:
         info["quant"] = {"scheme": bundle.quant, "int8_weights": len(bundle.quantized_weights)}
     if t.chip is not None and opts.aot:
         if importlib.util.find_spec("libtpu") is not None:
             topology = opts.topology or t.default_topology
-            say(f"{t.name}: AOT-compiling for {topology} with libtpu")
-            compiled = bundle.compile_for(t.name, topology, in_process=opts.aot_in_process)
+            with heartbeat(say, f"{t.name}: AOT-compiling for {topology} with libtpu"):
+                compiled = bundle.compile_for(t.name, topology, in_process=opts.aot_in_process)
             info["aot"] = {"topology": topology, "report": getattr(compiled, "report", None)}
         else:
             say(f"{t.name}: libtpu is not installed; writing StableHLO only (pip install 'libtpu==0.0.42.*' "
                 "to add the AOT-compiled executable)")
+    elif t.chip is not None:
+        say(f"{t.name}: aot off: writing StableHLO only (a TPU host compiles it when it loads it)")
     say(f"{t.name}: writing {path}")
     tpu_backend.save(bundle, path)
     return info

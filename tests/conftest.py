@@ -5,11 +5,16 @@ component (slow, libtpu, chromium, engine, subprocess, zoo_selfcheck, install) g
 is the editing loop. A run without -m selects everything, so nothing marked is hidden from CI.
 """
 
+import os
+
 import pytest
 
 from tpu_export.tpu_backend.aot import prepare_cpu_host
 
 prepare_cpu_host()  # sets ALLOW_MULTIPLE_LIBTPU_LOAD etc. only where no TPU is attached
+# The AOT compile cache is on by default in the user's cache folder: tests compile afresh and write nothing
+# there; those that test the cache name their own folder (or unset this).
+os.environ.setdefault("TPU_EXPORT_AOT_CACHE", "none")
 
 FAST = "fast"
 

@@ -76,8 +76,8 @@ def compile_for(bundle, target: str, topology: str | None = None, *, dim_values:
 
     ``dim_values`` fixes dynamic dims for the compile (default: the smallest size in range
     that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
-    ``cache_dir``: a folder of compiled executables to reuse (default: $TPU_EXPORT_AOT_CACHE, else none;
-    False: none); see tpu_backend/compile_cache.py.
+    ``cache_dir``: a folder of compiled executables to reuse (default: $TPU_EXPORT_AOT_CACHE, else the user's
+    cache folder, ~/.cache/tpu-export/aot; False or "none": no cache); see tpu_backend/compile_cache.py.
     ``in_process``: False compiles in a child process (tpu_backend/compile_worker.py), so libtpu's compile
     memory goes back to the OS when it exits; True in this one; None (default): a child for a bundle of
     ``CHILD_MIN_WEIGHT_BYTES`` or more of weights on a host with no TPU attached (``in_child_by_default``).

@@ -117,8 +117,11 @@ def compile_signature(exported, job: dict, devices, mesh, hbm, target, topology,
     raw = bytes(compiled.runtime_executable().serialize())
     figures["executable_bytes"] = len(raw)
     if folder is not None:
-        compile_cache.write(folder, key, raw, {**figures, "compile_cache": "stored"})
-        figures["compile_cache"] = "miss"
+        try:
+            compile_cache.write(folder, key, raw, {**figures, "compile_cache": "stored"})
+            figures["compile_cache"] = "miss"
+        except OSError as e:  # a full disk or a read-only home costs the next conversion a compile, not this one
+            figures["compile_cache"] = f"miss, not stored: {e.strerror or e}"
     return raw, figures
 
 

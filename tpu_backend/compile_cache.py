@@ -10,9 +10,10 @@ compile's would, and XLA's figures (cost, memory) as JSON.
 The key is a SHA-256 of everything the executable depends on: the lowered module's text (the
 program, shapes, dtypes, shardings, donation), the devices it was placed on (slice name, device ids,
 kind), the jax/jaxlib/libtpu versions and the compiler's environment (``XLA_FLAGS``,
-``LIBTPU_INIT_ARGS``). Opt in with ``cache_dir=`` on ``compile_for`` or the
-``TPU_EXPORT_AOT_CACHE`` environment variable (a folder); entries are written atomically
-(converter.atomic), so concurrent conversions share a folder safely.
+``LIBTPU_INIT_ARGS``). It is on by default, in the user's cache folder (``$XDG_CACHE_HOME/tpu-export/aot``,
+else ``~/.cache/tpu-export/aot``); ``cache_dir=`` on ``compile_for`` or the ``TPU_EXPORT_AOT_CACHE`` environment
+variable names another folder, and ``cache_dir=False`` or the value ``none`` turns it off. Entries are written
+atomically (converter.atomic), so concurrent conversions share a folder safely; deleting the folder is safe.
 """
 
 from __future__ import annotations
@@ -25,18 +26,27 @@ from tpu_export.converter.atomic import write_file
 
 from .artifact.versions import runtime_versions
 
-__all__ = ["cache_folder", "cache_key", "read", "write", "ENV"]
+__all__ = ["cache_folder", "default_folder", "cache_key", "read", "write", "ENV", "OFF"]
 
 ENV = "TPU_EXPORT_AOT_CACHE"
+OFF = "none"  # as cache_dir, --cache-dir or $TPU_EXPORT_AOT_CACHE: no cache
 _FORMAT = 1
 
 
+def default_folder() -> str:
+    """The user's cache folder for executables: $XDG_CACHE_HOME/tpu-export/aot, else ~/.cache/tpu-export/aot."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tpu-export", "aot")
+
+
 def cache_folder(cache_dir=None) -> str | None:
-    """The folder to use: ``cache_dir`` (False: none), else $TPU_EXPORT_AOT_CACHE, else none."""
+    """The folder to use: ``cache_dir`` (False or "none": no cache), else $TPU_EXPORT_AOT_CACHE (``none``: no
+    cache), else ``default_folder()``."""
     if cache_dir is False:
         return None
-    folder = cache_dir if cache_dir is not None else os.environ.get(ENV) or None
-    return os.fspath(folder) if folder is not None else None
+    folder = cache_dir if cache_dir is not None else os.environ.get(ENV) or default_folder()
+    folder = os.fspath(folder)
+    return None if folder.lower() == OFF else folder
 
 
 def cache_key(module_text: str, devices, libtpu_topology) -> str:

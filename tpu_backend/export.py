@@ -107,14 +107,18 @@ class ExportedBundle:
 
 
 def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=False, mesh=None,
-                   partition_rules=None, signatures=None, generation=None, quant=None) -> ExportedBundle:
+                   partition_rules=None, signatures=None, generation=None, quant=None,
+                   precision="highest") -> ExportedBundle:
     """Lower every signature of ``prog`` (or the named ``signatures``) and export it.
 
     use_pallas: True / False / "auto" / a PallasConfig: Pallas kernels for attention, norms and
         int8 linears on TPU (plain XLA on the other platforms of the same artifact);
     generation: "v5e" | "v6e" | "v5p" | "tpu7x" | None: the TPU the kernels' blocks are sized for;
     quant: None | "weight_only_int8" (alias "int8") | tpu_backend.quant.WeightOnlyInt8: linear and
-        embedding weights stored as int8 + per-channel scales (see tpu_backend.quant).
+        embedding weights stored as int8 + per-channel scales (see tpu_backend.quant);
+    precision: "highest" (default: float32-exact, six bf16 MXU passes per float32 matmul/conv on TPU),
+        "high" (three passes) or "default" (one, as jax.jit's default): a float32 program's TPU numerics,
+        and its TPU compile time (docs/tpu.md); CPU and GPU compute float32 whatever is asked.
     """
     from .host import prepare_cpu_host
     from .lowering import lower_signature
@@ -134,7 +138,7 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         from .pallas import hooks  # noqa: F401  (registers the kernel hooks before lowering)
     lowered = {
         n: lower_signature(prog, n, dtype=dtype, platforms=platforms, use_pallas=use_pallas, generation=generation,
-                           rewrites=rewrites[n])
+                           rewrites=rewrites[n], precision=precision)
         for n in names
     }
     bundle = export_lowered(prog, lowered, platforms=platforms, dtype=dtype, mesh=mesh,

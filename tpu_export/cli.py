@@ -89,6 +89,8 @@ def cmd_convert(a) -> int:
         value = getattr(a, key.replace("-", "_"))  # argparse's dest for --KEY
         if value not in (None, False):
             shared[_OPTION[key][0]] = _OPTION[key][1](str(value), key)
+    if a.no_aot:
+        shared["aot"] = False
     written = convert(module, args, kwargs, targets=targets, out_dir=a.output, dynamic_shapes=dyn,
                       progress=_progress(a.quiet), dim_sizes=dims, **shared)
     for t, p in written.items():
@@ -124,6 +126,8 @@ _OPTION = {
     "topology": ("topology", lambda v, k: v),
     "use-pallas": ("use_pallas", lambda v, k: "auto" if v == "auto" else _bool(v, k)),
     "dtype": ("dtype", lambda v, k: v),
+    "precision": ("precision", lambda v, k: v),
+    "aot": ("aot", _bool),
     "quantize": ("quant_config", lambda v, k: v),
     "calibration": ("calibration_data", lambda v, k: _load_calibration(v)),
     "verify": ("verify_inputs", lambda v, k: _load_calibration(v)),
@@ -133,7 +137,7 @@ _OPTION = {
     "ram-kib": ("ram_kib", _kib),
 }
 # the keys that are also --KEY flags, given once for every target of the call
-_SHARED_KEYS = ("topology", "use-pallas", "dtype", "quantize", "calibration", "strict", "channel-last")
+_SHARED_KEYS = ("topology", "use-pallas", "dtype", "precision", "quantize", "calibration", "strict", "channel-last")
 
 
 def _target_spec(item: str) -> tuple[str, dict]:
@@ -263,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topology", help="TPU topology for AOT compiles, e.g. 2x2")
     c.add_argument("--use-pallas", choices=["auto", "on", "off"])
     c.add_argument("--dtype", choices=["float32", "bfloat16"])
+    c.add_argument("--precision", choices=["highest", "high", "default"],
+                   help="TPU targets: a float32 matmul's or convolution's MXU passes: highest (default: float32-exact, "
+                        "the slowest compile), high (bf16_3x) or default (one bf16 pass: ~5x faster to compile)")
     c.add_argument("--quantize", metavar="SCHEME",
                    help="dynamic_int8, weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16, "
                         "static_int8")
@@ -277,7 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cache-dir", metavar="DIR",
                    help="TPU targets: keep each AOT-compiled executable in DIR and reuse it when the same program is "
                         "compiled again for the same slice and libtpu (report.json says compile_cache: hit); "
-                        "default: $TPU_EXPORT_AOT_CACHE, else none")
+                        "default: $TPU_EXPORT_AOT_CACHE, else ~/.cache/tpu-export/aot; 'none': no cache")
+    c.add_argument("--no-aot", action="store_true",
+                   help="TPU targets: write the portable StableHLO artifact without TPU executables (seconds instead "
+                        "of minutes); a TPU host compiles it when it loads it")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=cmd_convert)
 
@@ -365,10 +375,10 @@ def _aot_cache(folder):
         return
     from tpu_export.tpu_backend.compile_cache import ENV
 
-    if os.path.exists(folder) and not os.path.isdir(folder):
+    if folder.lower() != "none" and os.path.exists(folder) and not os.path.isdir(folder):
         raise CliError(f"--cache-dir {folder}: exists and is not a directory; give a folder (it is created if missing)")
     before = os.environ.get(ENV)
-    os.environ[ENV] = os.path.abspath(folder)
+    os.environ[ENV] = folder if folder.lower() == "none" else os.path.abspath(folder)
     try:
         yield
     finally:

@@ -71,7 +71,7 @@ def add_lm_commands(sub) -> None:
                                                          "(per target: NAME:quantize=S)")
     lm.add_argument("--cache-dir", metavar="DIR",
                     help="TPU targets: the AOT compile cache, as for convert "
-                         "(default: $TPU_EXPORT_AOT_CACHE, else none)")
+                         "(default: $TPU_EXPORT_AOT_CACHE, else ~/.cache/tpu-export/aot; 'none': no cache)")
     lm.add_argument("--allow-nonfinite-weights", action="store_true",
                     help="convert a model whose weights hold NaN or infinity (warned) instead of refusing it")
     lm.add_argument("--quiet", action="store_true")

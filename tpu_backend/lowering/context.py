@@ -15,7 +15,13 @@ from tpu_export.converter.registry import LoweringContextBase
 
 from .symbolic_dims import resolve_dim
 
-__all__ = ["LoweringOptions", "LoweringContext", "jnp_dtype", "Aval"]
+__all__ = ["LoweringOptions", "LoweringContext", "jnp_dtype", "Aval", "PRECISIONS"]
+
+# How a TPU computes a float32 matmul or convolution (XLA's precision config; CPUs and GPUs compute float32
+# whatever is asked): "highest" six bf16 MXU passes, float32-exact (torch's numbers, and libtpu's slowest
+# compile: ~5x a one-pass program's for a ResNet); "high" three passes (bf16_3x, ~16 mantissa bits);
+# "default" one bf16 pass (8 bits), what jax.jit does unless told otherwise. docs/tpu.md has the figures.
+PRECISIONS = {"highest": "HIGHEST", "high": "HIGH", "default": "DEFAULT"}
 
 # Float dtypes that dtype="bfloat16" computes in bf16 (float64 only exists with enable_x64,
 # where the user asked for it explicitly, so it stays).
@@ -29,10 +35,13 @@ class LoweringOptions:
     use_pallas: Any = False  # True | False | "auto" | tpu_backend.pallas.PallasConfig (kernel hooks)
     x64: bool = False  # the Program keeps 64-bit values (enable_x64); else they are 32-bit
     generation: str | None = None  # TPU generation the kernels' block sizes are chosen for (None: any)
+    precision: str = "highest"  # float32 matmul/conv passes on TPU: one of PRECISIONS
 
     def __post_init__(self):
         if self.dtype not in (None, "bfloat16"):
             raise ValueError(f"dtype must be None or 'bfloat16', got {self.dtype!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         self.pallas  # noqa: B018 - validates use_pallas / generation now, not at the first kernel
 
     @property
@@ -119,11 +128,12 @@ class LoweringContext(LoweringContextBase):
         return self.out_aval.shape
 
     def precision(self, dtype=None):
-        """Full-precision matmul/conv passes for f32 (TPUs default to bf16 passes, which would
-        break fp32 parity); the default for bf16/f16 compute."""
+        """The matmul/conv precision of a float32 (or float64) computation: the options' ``precision``
+        (default "highest": float32 parity with torch; TPUs would otherwise use one bf16 pass); None (the
+        platform's default) for bf16/f16 compute."""
         dtype = jnp.dtype(dtype if dtype is not None else self.out_dtype)
         if dtype in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
-            return jax.lax.Precision.HIGHEST
+            return getattr(jax.lax.Precision, PRECISIONS[self.options.precision])
         return None
 
     def arg_meta(self, i: int):

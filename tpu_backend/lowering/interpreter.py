@@ -210,16 +210,18 @@ def lower_signature(
     use_pallas=False,
     generation: str | None = None,
     rewrites=(),
+    precision: str = "highest",
 ) -> LoweredSignature:
     """Build the JAX function of one signature. Checks support of the whole program first, so
     every missing op is reported at once, before anything is written.
 
     ``use_pallas``: True / False / "auto" / a PallasConfig: kernel hooks and the spelled-out norm
     pre-pass (tpu_backend.pallas.hooks); ``generation`` picks the kernels' TPU block sizes.
-    ``rewrites``: GraphRewrite objects for this signature (e.g. tpu_backend.quant's int8 linears)."""
+    ``rewrites``: GraphRewrite objects for this signature (e.g. tpu_backend.quant's int8 linears).
+    ``precision``: "highest" | "high" | "default": a float32 matmul's or conv's passes on TPU (context.PRECISIONS)."""
     check_support(prog, "tpu", is_supported)
     options = LoweringOptions(dtype=dtype, platforms=tuple(platforms), use_pallas=use_pallas,
-                              x64=bool(prog.enable_x64), generation=generation)
+                              x64=bool(prog.enable_x64), generation=generation, precision=precision)
     sig = prog.signature(signature_name)
     weight_nodes = sig.weight_nodes()
     input_nodes = sig.input_nodes()
