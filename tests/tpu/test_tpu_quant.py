@@ -167,8 +167,9 @@ def test_convert_tpu_v6e_int8_end_to_end(tmp_path):
     assert info["quant"] == {"scheme": "weight_only_int8", "int8_weights": 2}
     art = tpu_backend.read_artifact(path)
     text = art.signatures["serving_default"].exported.mlir_module()
-    # "auto" with 128/256-wide layers: the int8 kernel (blocks for v6e) and the fused layer norm.
-    assert {"_int8_matmul_kernel", "_norm_kernel"} <= set(KERNEL.findall(text))
+    # "auto" with 128/256-wide layers: the int8 kernel (blocks for v6e); the layer norm stays on XLA.
+    kernels = set(KERNEL.findall(text))
+    assert "_int8_matmul_kernel" in kernels and "_norm_kernel" not in kernels
     assert art.compiled, "tpu-v6e writes the AOT executable when libtpu is installed"
     with torch.no_grad():
         want = model(x)
