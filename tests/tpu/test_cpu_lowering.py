@@ -65,26 +65,19 @@ def test_depthwise_taps_computed_once_before_a_layer_norm():
 
 
 @pytest.mark.parametrize("cin, cout, groups, stride, hw", [(48, 48, 6, 1, 9), (104, 208, 13, 2, 10), (16, 32, 4, 1, 6)])
-def test_grouped_conv_is_dense_on_tpu(cin, cout, groups, stride, hw):
-    """Narrow groups: the TPU branch is a dense conv over a block-diagonal kernel (libtpu compiles grouped convs
-    slowly); that kernel, run here on PJRT CPU, gives torch's grouped conv; CPU keeps the grouped conv."""
-    from jax import lax
-
-    from tpu_export.tpu_backend.lowering.ops_conv import block_diagonal_kernel
-
+def test_grouped_conv_stays_grouped_on_every_platform(cin, cout, groups, stride, hw):
+    """A grouped conv is one grouped convolution on TPU too: as a dense conv over a block-diagonal kernel libtpu
+    compiled RegNetY-400MF 7.6x faster but XLA's cost model gave the program 4.2x the flops and 3.3x the step
+    time (bench/tpu_compile.py); the compile is the JAX-native model's, the program the same."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(cin, cout, 3, stride, 1, groups=groups, bias=True).eval()
     x = torch.randn(1, cin, hw, hw, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = conv(x)
-    dense = lax.conv_general_dilated(x.numpy(), block_diagonal_kernel(conv.weight.detach().numpy(), groups),
-                                     (stride, stride), [(1, 1), (1, 1)], dimension_numbers=("NCHW", "OIHW", "NCHW"),
-                                     precision=lax.Precision.HIGHEST) + conv.bias.detach().numpy()[None, :, None, None]
-    assert rel_err(dense, want) <= 1e-5
     both = tpu_backend.export_program(converter.prepare(conv, (x,)))
     text = both.signatures["serving_default"].exported.mlir_module()
-    assert f"feature_group_count = {groups}" in text and "feature_group_count = 1 " in text
-    assert rel_err(both(x), want) <= 1e-5  # the CPU branch: the grouped conv
+    assert f"feature_group_count = {groups}" in text and "feature_group_count = 1 " not in text
+    assert rel_err(both(x), want) <= 1e-5
 
 
 @pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (48,)])

@@ -3,8 +3,6 @@ lax.conv_general_dilated in torch's channels-first layout (XLA picks the TPU lay
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -84,24 +82,6 @@ def _im2col_faster_on_cpu(x, weight, groups: int) -> bool:
     return groups == 1 and (k == 1 or (weight.shape[1] * k >= 2304 and weight.shape[0] >= 256))
 
 
-def block_diagonal_kernel(w, groups: int):
-    """A grouped conv's (Cout, Cin/g, k...) kernel as the (Cout, Cin, k...) kernel of the equivalent dense conv:
-    each group's block on the diagonal, zeros elsewhere."""
-    co, ci, k = w.shape[0], w.shape[1], tuple(w.shape[2:])
-    wg = w.reshape((groups, co // groups, ci) + k)
-    eye = jnp.eye(groups, dtype=w.dtype).reshape((groups, 1, groups, 1) + (1,) * len(k))
-    return (wg[:, :, None] * eye).reshape((co, groups * ci) + k)
-
-
-def _dense_on_tpu(weight, groups: int) -> bool:
-    """Narrow groups (RegNet's and ResNeXt's 4-64 channels per group) as a dense conv on TPU: libtpu compiles
-    a grouped conv slowly (RegNetY-400MF, 16 of them, group width 8: > 12 min for one v6e chip at float32,
-    98 s as dense convs; one 104ch/13-group conv 9.2 s vs 5.9 s) and runs each group on a mostly empty MXU
-    pass anyway (width 128/256); the dense kernel has g x the FLOPs and is capped at 16M elements."""
-    return 1 < groups and 1 < weight.shape[1] < 128 and weight.shape[0] * weight.shape[1] * groups * math.prod(
-        weight.shape[2:]) <= 16 * 2**20
-
-
 # aten::convolution(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding,
 #     SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor
 @lowering(aten.convolution.default)
@@ -127,13 +107,6 @@ def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, out
             # TPUs and GPUs keep their native convolution.
             y = lax.platform_dependent(
                 x, weight, cpu=lambda x, w: _depthwise_taps(x, w, stride, padding, dilation), default=direct)
-        elif _dense_on_tpu(weight, groups):
-            def dense(x, w):
-                return lax.conv_general_dilated(
-                    x, block_diagonal_kernel(w, groups), window_strides=stride, padding=[(p, p) for p in padding],
-                    rhs_dilation=dilation, dimension_numbers=dn, precision=ctx.precision())
-
-            y = lax.platform_dependent(x, weight, tpu=dense, default=direct)
         elif nd == 2 and _im2col_faster_on_cpu(x, weight, groups):
             prec = ctx.precision()
             y = lax.platform_dependent(
