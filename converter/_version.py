@@ -4,4 +4,4 @@ so that every layer may read it."""
 
 __all__ = ["__version__"]
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
