@@ -36,7 +36,7 @@ import dataclasses
 import torch
 
 from .errors import UnsupportedModelError
-from .llm_ops import cache_write
+from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
 __all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
@@ -103,8 +103,9 @@ def _explicit_cache(layers):
 
 class KVCacheLM(torch.nn.Module):
     """Wraps a ``transformers`` causal LM in the cache protocol above. Seen matching transformers' generate:
-    Llama, Qwen2, Qwen3, Phi-3, Gemma 3 text (sliding-window and global layers) and Mixtral (top-2 of N experts,
-    switched to transformers' static-shape ``batched_mm`` experts).
+    Llama, Qwen2, Qwen3, Phi-3, Gemma 3 text (sliding-window and global layers), Gemma 2 (logit softcapping),
+    Mixtral and GPT-OSS (attention sinks; top-k of N experts, switched to transformers' static-shape
+    ``batched_mm`` experts).
 
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
@@ -195,38 +196,54 @@ _GQA_SDPA = "tpu_export_gqa_sdpa"
 # output of the MoE block, not of attention (output_router_logits).
 _ATTENTION_KWARGS_IN_THE_MASK_OR_CACHE = frozenset({"position_ids", "sliding_window", "use_cache",
                                                     "output_router_logits", "cache_position", "output_attentions"})
-# Names a user recognises for the attention features that change the result and are not exported yet.
+# Names a user recognises for the attention features that change the result and are not exported.
 _ATTENTION_FEATURES = {"s_aux": "attention sinks (s_aux, as in GPT-OSS)",
                        "softcap": "attention logit softcapping (softcap, as in Gemma 2)",
                        "position_bias": "an additive position bias (position_bias)"}
+# The attention layers whose sinks / softcap llm_ops.grouped_attention computes as their own eager forward does
+# (checked against transformers' generate in tests/test_llm_sinks_softcap.py). The argument names alone do not say
+# the form: another family may pass s_aux or softcap to an eager forward of its own, so any other layer passing
+# them stays refused by name.
+_IMPLEMENTED_FEATURES = {"s_aux": frozenset({"GptOssAttention"}), "softcap": frozenset({"Gemma2Attention"})}
 
 
 def _refuse_unimplemented_attention_arguments(module, kwargs) -> None:
     """Every argument transformers' attention call passes is implemented or refused by name: one ignored would
     convert without an error and generate the wrong text. (``dropout`` is 0: the export runs the model in eval
     mode.)"""
+    layer = type(module).__name__
     for name, value in kwargs.items():
         if name in _ATTENTION_KWARGS_IN_THE_MASK_OR_CACHE or value is None or value is False:
             continue
+        if layer in _IMPLEMENTED_FEATURES.get(name, ()):
+            continue
         what = _ATTENTION_FEATURES.get(name, f"the attention argument {name}={type(value).__name__}")
-        layer = type(module).__name__
         raise UnsupportedModelError(f"{layer} passes {what}, which the KV-cache export does not "
-                                  "implement; converting without it would generate the wrong text. Models whose "
-                                  "attention takes only q, k, v, a mask and a scale export (Llama, Qwen2/3, Phi-3, "
-                                  "Gemma 3, Mixtral, ...)")
+                                    "implement for this layer; converting without it would generate the wrong "
+                                    "text. Models whose attention takes only q, k, v, a mask and a scale export "
+                                    "(Llama, Qwen2/3, Phi-3, Gemma 3, Mixtral, ...), and so do GPT-OSS's attention "
+                                    "sinks and Gemma 2's logit softcapping")
 
 
 def _gqa_sdpa_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
-                      **kwargs):
+                      s_aux=None, softcap=None, **kwargs):
     """transformers' attention-function contract (query [B, Hq, T, D], key/value [B, Hkv, S, D] -> [B, T, Hq, D])
     as one scaled_dot_product_attention over the un-repeated cache (``enable_gqa``). transformers' own sdpa path
     repeats K/V to every query head whenever a mask is given (``repeat_kv``: an expand + copy of the whole cache per
     layer and step); both backends lower enable_gqa with the query heads of a KV head folded into rows instead
-    (the LiteRT decode of a GQA Llama wrote 162.6 MB of repeated K/V per step before, 22.5 MB for the peer)."""
-    _refuse_unimplemented_attention_arguments(module, kwargs)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1])
+    (the LiteRT decode of a GQA Llama wrote 162.6 MB of repeated K/V per step before, 22.5 MB for the peer).
+    Attention sinks (``s_aux``) or a logit softcap have no place in an SDPA: those layers run
+    llm_ops.grouped_attention (the same folding, the scores written out), without the backends' fused attention
+    paths (the edge's decode over the filled cache prefix, the TPU's Pallas attention kernels)."""
+    _refuse_unimplemented_attention_arguments(module, {**kwargs, "s_aux": s_aux, "softcap": softcap})
+    if scaling is None:  # transformers' eager default
+        scaling = query.shape[-1] ** -0.5
+    if s_aux is not None or softcap is not None:
+        out = grouped_attention(query, key, value, attention_mask, scaling, softcap=softcap, sinks=s_aux)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -1,4 +1,5 @@
-"""The KV-cache write of converter.llm as one op both backends lower to a contiguous in-place update.
+"""The KV-cache write of converter.llm as one op both backends lower to a contiguous in-place update, and the
+attention for models whose scores are softcapped or joined by sinks (``grouped_attention``, at the end).
 
 ``tpu_export::cache_write(cache, update, pos, dim)`` returns ``cache`` with ``update`` written along ``dim`` at
 the slots ``pos[0] .. pos[0] + update.shape[dim] - 1`` (the protocol's positions are contiguous, so the first one
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cache_write"]
+__all__ = ["cache_write", "grouped_attention"]
 
 
 @torch.library.custom_op("tpu_export::cache_write", mutates_args=())
@@ -32,3 +33,32 @@ def cache_write(cache: torch.Tensor, update: torch.Tensor, pos: torch.Tensor, di
 @cache_write.register_fake
 def _(cache, update, pos, dim):
     return torch.empty_like(cache)
+
+
+def grouped_attention(query, key, value, mask, scale, *, softcap=None, sinks=None):
+    """Attention with the two score transforms scaled_dot_product_attention has no place for, written as
+    transformers' eager forwards compute them (GPT-OSS's and Gemma 2's ``eager_attention_forward``):
+
+    - ``softcap`` (Gemma 2): scores = tanh(scores / softcap) * softcap, before the mask is added;
+    - ``sinks`` [Hq] (GPT-OSS's ``s_aux``): one learned logit per query head joins every row's scores in the
+      softmax and its probability is dropped, so a row's weights sum to less than 1.
+
+    query [B, Hq, T, D], key / value [B, Hkv, S, D], mask additive [1 or B, 1, T, S]; returns [B, Hq, T, D]. The
+    Hq / Hkv query heads of a KV head are folded into rows (as enable_gqa lowers) rather than repeating the cache
+    to every query head (transformers' repeat_kv copies it per layer and step). The softmax runs in float32 (what
+    Gemma 2's eager forward does; GPT-OSS's runs in the scores' dtype, the same in a float32 export)."""
+    b, hq, t, d = query.shape
+    hkv, s = key.shape[1], key.shape[2]
+    scores = torch.matmul(query.reshape(b, hkv, (hq // hkv) * t, d), key.transpose(2, 3)) * scale
+    scores = scores.reshape(b, hq, t, s)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    if sinks is not None:
+        sink = sinks.to(scores.dtype).reshape(1, hq, 1, 1).expand(b, hq, t, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1).float(), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores.float(), dim=-1)
+    probs = probs.to(value.dtype).reshape(b, hkv, (hq // hkv) * t, s)
+    return torch.matmul(probs, value).reshape(b, hq, t, d)

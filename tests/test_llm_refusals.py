@@ -1,6 +1,8 @@
 """A causal LM whose attention needs what the KV-cache export does not implement is refused at conversion,
-naming the feature: attention sinks (GPT-OSS) and logit softcapping (Gemma 2) used to convert silently (sinks)
-or with an internal message, and a model in training mode would have exported its attention dropout away."""
+naming the feature. GPT-OSS's attention sinks and Gemma 2's logit softcapping export
+(tests/test_llm_sinks_softcap.py); another family passing the same argument names to an eager forward of its own
+(Granite SWA's sinks, VaultGemma's softcap) stays refused until its form is checked: the names alone do not say
+the math."""
 
 import pytest
 import torch
@@ -20,14 +22,23 @@ def _model(config_class, model_class, **extra):
 
 
 @pytest.mark.parametrize("config_class, model_class, extra, feature", [
-    ("GptOssConfig", "GptOssForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
-                                           "layer_types": ["sliding_attention", "full_attention"]},
-     r"GptOssAttention passes attention sinks \(s_aux, as in GPT-OSS\)"),
-    ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 8, "attn_logit_softcapping": 50.0},
-     r"Gemma2Attention passes attention logit softcapping \(softcap, as in Gemma 2\)"),
+    ("GraniteSWAConfig", "GraniteSWAForCausalLM", {"sliding_window": 8, "bos_token_id": 1, "eos_token_id": 2},
+     r"GraniteSWAAttention passes attention sinks \(s_aux, as in GPT-OSS\)"),
+    ("VaultGemmaConfig", "VaultGemmaForCausalLM", {"sliding_window": 8, "attn_logit_softcapping": 50.0},
+     r"VaultGemmaAttention passes attention logit softcapping \(softcap, as in Gemma 2\)"),
 ])
 def test_an_attention_feature_we_do_not_export_is_refused_by_name(config_class, model_class, extra, feature):
     model = _model(config_class, model_class, **extra)
-    with pytest.raises(UnsupportedModelError, match=feature + r", which the KV-cache export does not implement"):
+    with pytest.raises(UnsupportedModelError, match=feature + r", which the KV-cache export does not implement "
+                                                              r"for this layer"):
         prepare_lm(model, prefill_lengths=(8,), cache_len=32)
 
+
+@pytest.mark.parametrize("config_class, model_class, extra", [
+    ("GptOssConfig", "GptOssForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+                                           "layer_types": ["sliding_attention", "full_attention"]}),
+    ("Gemma2Config", "Gemma2ForCausalLM", {"sliding_window": 8, "attn_logit_softcapping": 50.0}),
+])
+def test_sinks_and_softcapping_of_the_checked_families_convert(config_class, model_class, extra):
+    _, spec = prepare_lm(_model(config_class, model_class, **extra), prefill_lengths=(8,), cache_len=32)
+    assert spec.shape == (1, 2, 32, 8)
