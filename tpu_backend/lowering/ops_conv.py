@@ -73,6 +73,18 @@ def _im2col(x, w, stride, padding, dilation, precision):
     return y.reshape(n, o, ho, wo)
 
 
+def _channels_last(x, w, stride, padding, dilation, groups, precision):
+    """A grouped 2-d conv computed channels-last (NHWC input, HWIO kernel) between two transposes. libtpu compiles
+    a grouped conv given as NCHW/OIHW far slower than the same conv as NHWC/HWIO, the layout a JAX model writes
+    (four 208ch/26-group 3x3 convs at 14x14, float32 at HIGHEST, one v6e chip: 199 s vs 112 s); the transposes
+    become layout choices in the compiled program. Dense convs compile alike in either form."""
+    y = lax.conv_general_dilated(
+        jnp.transpose(x, (0, 2, 3, 1)), jnp.transpose(w, (2, 3, 1, 0)), window_strides=stride,
+        padding=[(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=groups, precision=precision)
+    return jnp.transpose(y, (0, 3, 1, 2))
+
+
 def _im2col_faster_on_cpu(x, weight, groups: int) -> bool:
     """Where XLA:CPU's convolution is slower than the same matmul (one thread, jax 0.10.2, measured by
     bench/cpu_conv.py): every 1x1 conv (the matmul is 1.1-2.7x faster: MobileNet/ResNet-50 pointwise
@@ -107,6 +119,10 @@ def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, out
             # TPUs and GPUs keep their native convolution.
             y = lax.platform_dependent(
                 x, weight, cpu=lambda x, w: _depthwise_taps(x, w, stride, padding, dilation), default=direct)
+        elif nd == 2 and groups > 1:
+            y = lax.platform_dependent(
+                x, weight, tpu=lambda x, w: _channels_last(x, w, stride, padding, dilation, groups, ctx.precision()),
+                default=direct)
         elif nd == 2 and _im2col_faster_on_cpu(x, weight, groups):
             prec = ctx.precision()
             y = lax.platform_dependent(
