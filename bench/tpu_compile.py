@@ -96,8 +96,8 @@ def _ours(side, module, args, target, dtype, precision, device, place):
 
 def _reference(model, module, args, dtype, precision, place):
     import jax
-    from bench.jax_reference import reference
 
+    from bench.jax_reference import reference
     from tpu_export.tpu_backend.artifact.report import figures_of
 
     ref = reference(model, module, args, dtype=dtype, precision=precision if dtype == "float32" else None)
