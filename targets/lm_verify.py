@@ -23,22 +23,20 @@ __all__ = ["BOUNDS", "Reference", "bound_for", "reference_logits", "sample_token
 SAMPLE_TEXT = "The quick brown fox jumps over the lazy dog; the cache holds keys and values. 0123456789 "
 
 # Largest rel err (converter.numerics.rel_err of the [vocab] logits) each scheme may show. float32 is the
-# project's bound (measured: at most 4.4e-7 on the edge, 4.1e-7 on PJRT CPU). The others are set from the
-# tests.llm_models families (llama, llama3_rope, qwen2, qwen3, phi3, gemma3, mixtral; random weights, 2 layers,
-# prefill_8 + decode) at 2-4x the worst rel err measured there, so that a broken lowering (one weight negated:
-# tests/test_lm_verify.py) stays far outside:
-#   fp16 (edge)                 worst 4.9e-4 (qwen3)
-#   bfloat16 (TPU dtype)        worst 8.3e-3 (gemma3)
-#   weight_only_int8 (edge/TPU) worst 1.6e-2 (gemma3, both)
-#   dynamic_int8 (edge)         worst 2.0e-2 (qwen3)
-#   weight_only_int4 (edge)     worst 0.25 (gemma3)
-#   dynamic_int4_block32 (edge) worst 0.28 (phi3)
-# Random tiny models have near-flat logits: the int4 schemes moved the greedy next token on gemma3
-# (weight_only_int4) and qwen3 (dynamic_int4_block32), every other scheme kept it on every family, so the same
-# greedy next token is required of those (NEXT_TOKEN) and the int4 schemes are held to their rel err alone.
-BOUNDS = {"float32": 1e-4, "fp16": 2e-3, "bfloat16": 3e-2, "weight_only_int8": 5e-2, "dynamic_int8": 6e-2,
-          "weight_only_int4": 0.6, "dynamic_int4_block32": 0.6}
-NEXT_TOKEN = frozenset({"fp16", "bfloat16", "weight_only_int8", "dynamic_int8"})
+# project's bound. The others are set from the tests.llm_models families (llama, llama3_rope, qwen2, qwen3, phi3,
+# gemma3, mixtral; random weights, 2 layers, prefill_8 + decode) at about 3x the worst measured rel err, so that
+# a broken lowering (rel err ~1, see tests/test_lm_verify.py) is still far outside:
+#   fp16 (edge)                 worst 6.0e-4 (gemma3)
+#   bfloat16 (TPU dtype)        worst 1.1e-2 (gemma3)
+#   weight_only_int8 (edge/TPU) worst 1.6e-2 / 1.6e-2
+#   dynamic_int8 (edge)         worst 3.4e-2
+#   weight_only_int4 (edge)     worst 2.1e-1
+#   dynamic_int4_block32 (edge) worst 2.2e-1
+# Random tiny models have near-flat logits, so the int4 schemes' argmax moves on some families; the greedy
+# next token is required only where the scheme keeps it on every family (NEXT_TOKEN below).
+BOUNDS = {"float32": 1e-4, "fp16": 2e-3, "bfloat16": 3e-2, "weight_only_int8": 5e-2, "int8": 5e-2,
+          "dynamic_int8": 0.1, "weight_only_int4": 0.6, "dynamic_int4_block32": 0.6}
+NEXT_TOKEN = frozenset({"fp16", "bfloat16", "weight_only_int8", "int8", "dynamic_int8"})
 
 
 @dataclasses.dataclass
@@ -116,7 +114,7 @@ def bound_for(target, opts, source_dtype=None) -> tuple[str, float]:
     else:
         kw = opts.export_kwargs(target)
         if kw.get("quant") is not None:
-            scheme = "weight_only_int8"  # the one TPU scheme (tpu_backend.quant.WeightOnlyInt8)
+            scheme = str(kw["quant"])
         elif kw.get("dtype") == "bfloat16" or kw.get("precision", "highest") != "highest":
             scheme = "bfloat16"
     if scheme == "float32" and source_dtype is not None and str(source_dtype) != "torch.float32":
