@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 __all__ = ["CacheFullError", "GenerateArgumentError", "GenerationRun", "PromptTooLongError", "SEED_MAX", "Sampling",
-           "check_generate_args", "generate_ids", "greedy_generate", "prefill_lengths", "prompt_logits"]
+           "check_generate_args", "generate_ids", "greedy_generate", "prefill_lengths"]
 
 SEED_MAX = 2**63 - 1  # the engine's sampler and torch's generator both take a 64-bit seed
 
@@ -197,7 +197,14 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id})
     pick = (sampling or Sampling()).picker()
     t0 = time.perf_counter()
-    out = _prompt_step(runtime, spec, prompt, fits[0])
+    caches = spec.zeros()
+    if n > 1:
+        L = fits[0]
+        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)  # pad slots: overwritten first
+        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
+        caches = {k: out[k] for k in spec.names()}
+    out = runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
+                  signature_name="decode", **caches)
     logits = torch.as_tensor(out["logits"])[0, 0]  # fetched: the time to the first token includes its result
     run = GenerationRun([], n, (time.perf_counter() - t0) * 1e3)
     for pos in range(n, n + max_new_tokens):
@@ -215,27 +222,3 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
         run.decode_s += time.perf_counter() - t1
         run.decode_steps += 1
     return run
-
-
-def prompt_logits(runtime, spec, prompt_ids) -> torch.Tensor:
-    """The logits [vocab] at the prompt's last position, computed as ``generate_ids`` computes them before its
-    first new token: the shortest ``prefill_<L>`` holding all tokens but the last, then ``decode`` of the last
-    (convert-lm's check of what it wrote compares these with the source model's own forward)."""
-    prompt = [int(t) for t in prompt_ids]
-    fits = [L for L in prefill_lengths(runtime) if L >= len(prompt) - 1]
-    if not prompt or not fits:
-        raise PromptTooLongError(f"{len(prompt)} tokens; the exported prefill lengths are {prefill_lengths(runtime)}")
-    return torch.as_tensor(_prompt_step(runtime, spec, prompt, fits[0])["logits"])[0, 0]
-
-
-def _prompt_step(runtime, spec, prompt: list, L: int) -> dict:
-    """The prefill of ``prompt`` but its last token (padded to ``L``) from empty caches, then the decode of the
-    last one; that decode's outputs (its logits and caches)."""
-    n = len(prompt)
-    caches = spec.zeros()
-    if n > 1:
-        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)  # pad slots: overwritten first
-        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
-        caches = {k: out[k] for k in spec.names()}
-    return runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
-                   signature_name="decode", **caches)

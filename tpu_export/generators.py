@@ -28,8 +28,7 @@ from typing import Callable
 
 from .generate import CacheFullError, GenerateArgumentError, Sampling, check_generate_args, generate_ids
 
-__all__ = ["EngineGenerator", "GeneratorError", "LoopGenerator", "TextResult", "load_generator",
-           "open_runtime"]
+__all__ = ["EngineGenerator", "GeneratorError", "LoopGenerator", "TextResult", "load_generator"]
 
 
 class GeneratorError(ValueError):
@@ -208,7 +207,29 @@ class LoopGenerator:
         except Exception as e:  # noqa: BLE001 - the Rust parser's own error class
             raise GeneratorError(f"{tok_path}: not a readable tokenizer.json ({type(e).__name__}: "
                                  f"{' '.join(str(e).split())[:120]}); convert the model again") from None
-        runtime, inputs, outputs = open_runtime(path, spec)
+        if path.endswith(".tflite"):
+            from tpu_export import litert_torch
+            from tpu_export.edge.tflite_check import map_tflite
+            from tpu_export.targets.tflite_io import signatures
+
+            runtime = litert_torch.load(path)  # checked (edge.tflite_check) before the interpreter sees it
+            mapped = map_tflite(path)
+            try:
+                sig = signatures(mapped).get("decode")
+            finally:
+                mapped.close()
+            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig[0]} if sig else {}
+            outputs = {o.name: tuple(o.shape) for o in sig[1]} if sig else {}
+        else:
+            from tpu_export import tpu_backend
+            from tpu_export.tpu_backend.llm import OnDeviceLM
+
+            program = tpu_backend.load(path)
+            sig = program.signature("decode") if "decode" in program.signature_names else None
+            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig.inputs} if sig else {}
+            outputs = {o.name: tuple(o.shape) for o in sig.outputs} if sig else {}
+            # the caches stay on the device between steps, donated: each step updates them in place
+            runtime = OnDeviceLM(program, spec.names())
         _check_cache(spec, inputs, os.path.join(folder, "lm.json"), path)
         logits = outputs.get("logits")
         vocab = int(logits[-1]) if logits and isinstance(logits[-1], int) else tok.get_vocab_size()
@@ -254,36 +275,6 @@ class LoopGenerator:
             caches = {k: out[k] for k in self.spec.names()}
             self._warm.add(sig)
         return (time.perf_counter() - t0) * 1e3
-
-
-def open_runtime(path: str, spec) -> tuple:
-    """The runtime generate_ids calls for a ``.tflite`` (the LiteRT interpreter, the file checked first) or a TPU
-    artifact (PJRT, the caches kept on the device), with its decode signature's {input: (shape, dtype)} and
-    {output: shape}. ``spec``: the CacheSpec of its caches (lm.json's)."""
-    if path.endswith(".tflite"):
-        from tpu_export import litert_torch
-        from tpu_export.edge.tflite_check import map_tflite
-        from tpu_export.targets.tflite_io import signatures
-
-        runtime = litert_torch.load(path)  # checked (edge.tflite_check) before the interpreter sees it
-        mapped = map_tflite(path)
-        try:
-            sig = signatures(mapped).get("decode")
-        finally:
-            mapped.close()
-        inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig[0]} if sig else {}
-        outputs = {o.name: tuple(o.shape) for o in sig[1]} if sig else {}
-    else:
-        from tpu_export import tpu_backend
-        from tpu_export.tpu_backend.llm import OnDeviceLM
-
-        program = tpu_backend.load(path)
-        sig = program.signature("decode") if "decode" in program.signature_names else None
-        inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig.inputs} if sig else {}
-        outputs = {o.name: tuple(o.shape) for o in sig.outputs} if sig else {}
-        # the caches stay on the device between steps, donated: each step updates them in place
-        runtime = OnDeviceLM(program, spec.names())
-    return runtime, inputs, outputs
 
 
 def render_chat(template: str | None, prompt: str, where: str) -> str:
