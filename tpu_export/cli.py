@@ -373,12 +373,13 @@ def _aot_cache(folder):
     if folder is None:
         yield
         return
-    from tpu_export.tpu_backend.compile_cache import ENV
+    from tpu_export.tpu_backend.compile_cache import ENV, OFF
 
-    if folder.lower() != "none" and os.path.exists(folder) and not os.path.isdir(folder):
+    off = folder.lower() == OFF
+    if not off and os.path.exists(folder) and not os.path.isdir(folder):
         raise CliError(f"--cache-dir {folder}: exists and is not a directory; give a folder (it is created if missing)")
     before = os.environ.get(ENV)
-    os.environ[ENV] = folder if folder.lower() == "none" else os.path.abspath(folder)
+    os.environ[ENV] = folder if off else os.path.abspath(folder)
     try:
         yield
     finally:
