@@ -54,14 +54,16 @@ class Stages:
 
 def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,), cache_len: int | None = None,
                quantize=None, progress: Callable[[str], None] | None = None,
-               allow_nonfinite_weights: bool = False) -> dict:
+               allow_nonfinite_weights: bool = False, verify: bool = True) -> dict:
     """Convert ``source`` for ``targets`` (names, or {name: options}) into ``out_dir``; {target: {file: path}}.
 
     ``cache_len``: slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
     module brings its own). ``quantize``: a scheme for every target that takes it (edge: dynamic_int8,
     weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16; TPU: weight_only_int8; TPU bf16 is the
     target option dtype="bfloat16"); per-target options override it. ``allow_nonfinite_weights``: convert a model
-    with NaN or infinite weights (warned) instead of refusing it.
+    with NaN or infinite weights (warned) instead of refusing it. ``verify``: before publishing, run each
+    artifact's prefill and decode on a sample prompt and compare the logits with the source model's own forward
+    (targets/lm_verify.py); past the target's bound nothing is published (LmSourceError). False: skip it.
     """
     say = progress or (lambda msg: None)
     resolved, opts = _resolve(targets, quantize)
@@ -77,6 +79,14 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
                            f"{cache_len or 'default'}"):
         prog, spec = capture_lm(src, prefill_lengths, cache_len)
     meta = lm_meta(src, spec, prefill_lengths)
+    ref = None
+    if verify:  # before any target is written: the last edge target releases the model
+        from .lm_verify import reference_logits
+
+        what = "the module's eager forward" if src.protocol else "transformers"
+        with stages("verify", f"prefill logits against {what}"):
+            ref = reference_logits(src, prog, spec, prefill_lengths)
+        source_dtype = next((p.dtype for p in getattr(src.model, "parameters", lambda: iter(()))()), None)
     signatures = {s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs]}
                   for s in prog.signatures.values()}
     held = {"prog": prog}  # the only reference from here on: the last edge target drops it (see _edge_lm_bytes)
@@ -91,7 +101,8 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
             os.makedirs(d)
             ts = Stages(lambda m, n=t.name: say(f"{n}: {m}"))
             if t.backend == "edge":
-                files, target_meta = _write_edge(held, src, spec, t, o, d, ts, last=k == len(resolved) - 1), meta
+                files, target_meta, tspec = (_write_edge(held, src, spec, t, o, d, ts, last=k == len(resolved) - 1),
+                                             meta, spec)
             else:
                 files, tspec = _write_tpu(held["prog"], spec, t, o, d, ts)
                 target_meta = lm_meta(src, tspec, prefill_lengths)  # bf16 caches under dtype=bfloat16
@@ -99,7 +110,9 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
             if src.tokenizer_json is not None:
                 files["tokenizer.json"] = write_file(os.path.join(d, "tokenizer.json"), src.tokenizer_json.encode())
             summary["targets"][t.name] = {"stages": ts.times,
-                                          "bytes": {f: artifact_size(p) for f, p in sorted(files.items())}}
+                                          "bytes": {f: artifact_size(p) for f, p in sorted(files.items())},
+                                          "verify": _verify(ref, t, o, files, tspec, ts, source_dtype)
+                                          if verify else "off"}
             written[t.name] = {f: os.path.join(out_dir, t.name, f) for f in files}
         summary["signatures"] = signatures
         write_file(os.path.join(stage, "summary.json"), json.dumps(summary, indent=2, default=str).encode())
@@ -108,6 +121,20 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
     finally:
         discard(stage)
     return written
+
+
+def _verify(ref, t, opts, files, spec, stages, source_dtype):
+    """The summary record of the target's check (targets/lm_verify.py); raises LmSourceError on a mismatch."""
+    if isinstance(ref, str):
+        return {"skipped": ref}
+    from .lm_verify import bound_for, verify_artifact
+
+    path = files.get("model.tflite") or files.get("model.tpuexp")
+    if path is None:
+        return {"skipped": "no model.tflite or model.tpuexp written"}
+    scheme, bound = bound_for(t, opts, source_dtype)
+    with stages("verify", f"prefill logits against {ref.what}"):
+        return verify_artifact(ref, path, spec, t.name, scheme, bound)
 
 
 def check_lm_chat_template(source, src: LmSource) -> None:

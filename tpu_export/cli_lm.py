@@ -24,7 +24,7 @@ def cmd_convert_lm(a) -> int:
         hf_logging.disable_progress_bar()
     written = convert_lm(a.model_dir, targets, a.output, prefill_lengths=lengths, cache_len=a.cache,
                          quantize=a.quantize, progress=_cli()._progress(a.quiet),
-                         allow_nonfinite_weights=a.allow_nonfinite_weights)
+                         allow_nonfinite_weights=a.allow_nonfinite_weights, verify=not a.no_verify)
     for t, files in written.items():
         for f, p in sorted(files.items()):
             if f.startswith("model."):
@@ -74,6 +74,10 @@ def add_lm_commands(sub) -> None:
                          "(default: $TPU_EXPORT_AOT_CACHE, else ~/.cache/tpu-export/aot; 'none': no cache)")
     lm.add_argument("--allow-nonfinite-weights", action="store_true",
                     help="convert a model whose weights hold NaN or infinity (warned) instead of refusing it")
+    lm.add_argument("--no-verify", action="store_true",
+                    help="publish without checking each artifact's prefill logits against the source model's own "
+                         "forward on a sample prompt (the check refuses a conversion whose logits differ past the "
+                         "target's bound)")
     lm.add_argument("--quiet", action="store_true")
     lm.set_defaults(fn=cmd_convert_lm)
 

@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from tpu_export.targets.lm_runtime import prompt_step
+
 __all__ = ["CacheFullError", "GenerateArgumentError", "GenerationRun", "PromptTooLongError", "SEED_MAX", "Sampling",
            "check_generate_args", "generate_ids", "greedy_generate", "prefill_lengths"]
 
@@ -197,14 +199,7 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id})
     pick = (sampling or Sampling()).picker()
     t0 = time.perf_counter()
-    caches = spec.zeros()
-    if n > 1:
-        L = fits[0]
-        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)  # pad slots: overwritten first
-        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
-        caches = {k: out[k] for k in spec.names()}
-    out = runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
-                  signature_name="decode", **caches)
+    out = prompt_step(runtime, spec, prompt, fits[0])
     logits = torch.as_tensor(out["logits"])[0, 0]  # fetched: the time to the first token includes its result
     run = GenerationRun([], n, (time.perf_counter() - t0) * 1e3)
     for pos in range(n, n + max_new_tokens):

@@ -207,29 +207,9 @@ class LoopGenerator:
         except Exception as e:  # noqa: BLE001 - the Rust parser's own error class
             raise GeneratorError(f"{tok_path}: not a readable tokenizer.json ({type(e).__name__}: "
                                  f"{' '.join(str(e).split())[:120]}); convert the model again") from None
-        if path.endswith(".tflite"):
-            from tpu_export import litert_torch
-            from tpu_export.edge.tflite_check import map_tflite
-            from tpu_export.targets.tflite_io import signatures
+        from tpu_export.targets.lm_runtime import open_lm_runtime
 
-            runtime = litert_torch.load(path)  # checked (edge.tflite_check) before the interpreter sees it
-            mapped = map_tflite(path)
-            try:
-                sig = signatures(mapped).get("decode")
-            finally:
-                mapped.close()
-            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig[0]} if sig else {}
-            outputs = {o.name: tuple(o.shape) for o in sig[1]} if sig else {}
-        else:
-            from tpu_export import tpu_backend
-            from tpu_export.tpu_backend.llm import OnDeviceLM
-
-            program = tpu_backend.load(path)
-            sig = program.signature("decode") if "decode" in program.signature_names else None
-            inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig.inputs} if sig else {}
-            outputs = {o.name: tuple(o.shape) for o in sig.outputs} if sig else {}
-            # the caches stay on the device between steps, donated: each step updates them in place
-            runtime = OnDeviceLM(program, spec.names())
+        runtime, inputs, outputs = open_lm_runtime(path, spec)
         _check_cache(spec, inputs, os.path.join(folder, "lm.json"), path)
         logits = outputs.get("logits")
         vocab = int(logits[-1]) if logits and isinstance(logits[-1], int) else tok.get_vocab_size()

@@ -1,0 +1,96 @@
+"""The runtimes an exported LLM runs on here, and its first step on a prompt: shared by convert-lm's check of what
+it wrote (targets/lm_verify.py) and ``tpu-export generate``'s own loops (tpu_export.generate / generators).
+
+A runtime is called ``rt(tokens, input_pos, signature_name=..., **caches)`` and returns {output name: tensor}:
+the LiteRT interpreter for a ``.tflite`` (the file checked before the interpreter sees it), PJRT for a TPU
+artifact (tpu_backend.llm.OnDeviceLM: the caches stay on the device, donated between steps).
+"""
+
+from __future__ import annotations
+
+import threading
+
+__all__ = ["TfliteLM", "open_lm_runtime", "prompt_step"]
+
+
+class TfliteLM:
+    """An LLM ``.tflite`` on the LiteRT interpreter (XNNPACK), one signature runner per signature; the logits and
+    caches come back as torch tensors (copies). One call at a time per instance (a lock), as the interpreter
+    shares its tensors between calls."""
+
+    def __init__(self, path: str):
+        from ai_edge_litert.interpreter import Interpreter
+
+        from tpu_export.converter.errors import one_line
+        from tpu_export.edge.tflite_check import TfliteFormatError, map_tflite
+
+        from .tflite_io import signatures
+
+        mapped = map_tflite(path, check=True)  # the interpreter trusts the flatbuffer: refuse a bad one first
+        try:
+            self.signatures = signatures(mapped)
+        finally:
+            mapped.close()
+        try:
+            self._interpreter = Interpreter(model_path=path)  # maps the file itself; weights paged in as read
+        except (RuntimeError, ValueError) as e:
+            raise TfliteFormatError(f"{path}: the LiteRT interpreter refused the model: {one_line(e)}") from e
+        self._path = path
+        self._runners: dict = {}
+        self._lock = threading.Lock()
+
+    @property
+    def signature_names(self) -> list[str]:
+        return list(self.signatures)
+
+    def __call__(self, tokens, input_pos, *, signature_name: str, **caches) -> dict:
+        import numpy as np
+        import torch
+
+        from tpu_export.converter.errors import one_line
+
+        feeds = {"tokens": tokens, "input_pos": input_pos, **caches}
+        feeds = {k: np.ascontiguousarray(v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v))
+                 for k, v in feeds.items()}
+        with self._lock:
+            if signature_name not in self._runners:
+                self._runners[signature_name] = self._interpreter.get_signature_runner(signature_name)
+            try:
+                out = self._runners[signature_name](**feeds)
+            except (RuntimeError, ValueError) as e:
+                raise RuntimeError(f"{self._path}: signature {signature_name!r}: the LiteRT interpreter failed: "
+                                   f"{one_line(e)}") from e
+        return {k: torch.from_numpy(np.array(v)) for k, v in out.items()}
+
+
+def open_lm_runtime(path: str, spec) -> tuple:
+    """(runtime, {decode input: (shape, dtype)}, {decode output: shape}) for the ``.tflite`` or TPU artifact at
+    ``path``; ``spec``: the converter.llm.CacheSpec of its caches."""
+    if path.endswith(".tflite"):
+        runtime = TfliteLM(path)
+        ins, outs = runtime.signatures.get("decode", ((), ()))
+        return (runtime, {i.name: (tuple(i.shape), i.dtype) for i in ins},
+                {o.name: tuple(o.shape) for o in outs})
+    from tpu_export import tpu_backend
+    from tpu_export.tpu_backend.llm import OnDeviceLM
+
+    program = tpu_backend.load(path)
+    sig = program.signature("decode") if "decode" in program.signature_names else None
+    inputs = {i.name: (tuple(i.shape), i.dtype) for i in sig.inputs} if sig else {}
+    outputs = {o.name: tuple(o.shape) for o in sig.outputs} if sig else {}
+    return OnDeviceLM(program, spec.names()), inputs, outputs
+
+
+def prompt_step(runtime, spec, prompt: list, L: int) -> dict:
+    """The prefill of ``prompt`` but its last token (padded to ``L``, the pad slots overwritten before they are
+    read) from empty caches, then the decode of the last one; that decode's outputs (its logits and caches)."""
+    import torch
+
+    n = len(prompt)
+    caches = spec.zeros()
+    if n > 1:
+        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)
+        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
+        caches = {k: out[k] for k in spec.names()}
+    return runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
+                   signature_name="decode", **caches)
