@@ -35,7 +35,8 @@ import dataclasses
 
 import torch
 
-from .errors import UnsupportedModelError
+from .errors import ExportFailedError, UnsupportedModelError
+from .llm_errors import capture_failure, unsupported_layer_types
 from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
@@ -277,8 +278,7 @@ def _layer_types(cfg) -> list[str] | None:
         return None
     odd = sorted(set(types) - set(_LAYER_TYPES))
     if odd:
-        raise NotImplementedError(f"{type(cfg).__name__}: layer types {odd} have no KV-cache export yet "
-                                  f"(supported: {list(_LAYER_TYPES)})")
+        raise unsupported_layer_types(cfg, odd, _LAYER_TYPES)
     if "sliding_attention" in types and not getattr(cfg, "sliding_window", None):
         raise ValueError(f"{type(cfg).__name__}: sliding_attention layers but no sliding_window in the config")
     return list(types)
@@ -326,4 +326,7 @@ def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256, batch: int
     """
     lm = KVCacheLM(model, cache_len, batch=batch).eval()
     with torch.no_grad():
-        return prepare_many(lm_requests(lm, prefill_lengths, prefill_logits=prefill_logits)), lm.spec
+        try:
+            return prepare_many(lm_requests(lm, prefill_lengths, prefill_logits=prefill_logits)), lm.spec
+        except ExportFailedError as e:  # raised in the family's modeling code: named in its words
+            raise capture_failure(e, model) from e

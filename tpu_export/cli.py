@@ -352,7 +352,7 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with TPU_EXPORT_DEBUG=1
             if os.environ.get("TPU_EXPORT_DEBUG"):
                 raise
-            _print_error(e)
+            _print_error(e, verbose=getattr(args, "verbose", False))
             return 2 if isinstance(e, CliError) else 1
 
 
@@ -395,14 +395,21 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"tpu-export: warning: {text}", file=sys.stderr if file is None else file)
 
 
-def _print_error(e: BaseException) -> None:
+def _print_error(e: BaseException, verbose: bool = False) -> None:
     """``tpu-export: error: <first line>``; a list the error carries (the ops that failed to
-    lower, one per line) follows it. torch's tracebacks and logs never do."""
+    lower, one per line) follows it. torch's tracebacks and logs never do, unless ``--verbose``: then the
+    chain of causes follows, each with its traceback, innermost last."""
     msg = str(e).strip() or type(e).__name__
     first, _, rest = msg.partition("\n")
     print(f"tpu-export: error: {first}", file=sys.stderr)
     if rest and not isinstance(e, CliError):
         print(rest, file=sys.stderr)
+    cause = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    if verbose and cause is not None:
+        import traceback
+
+        print("tpu-export: the cause (--verbose):", file=sys.stderr)
+        traceback.print_exception(cause, file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -79,6 +79,8 @@ def add_lm_commands(sub) -> None:
                          "forward on a sample prompt (the check refuses a conversion whose logits differ past the "
                          "target's bound)")
     lm.add_argument("--quiet", action="store_true")
+    lm.add_argument("--verbose", action="store_true",
+                    help="on an error, print its chain of causes with their tracebacks after the one-line message")
     lm.set_defaults(fn=cmd_convert_lm)
 
     g = sub.add_parser("generate", help="generate text from a .litertlm (LiteRT-LM engine), a TPU artifact or a "
