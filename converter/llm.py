@@ -17,7 +17,8 @@ The cache protocol (what every signature takes and returns; static shapes, batch
   dynamic-update-slice on axis 2, not a scatter) before attention; query t attends to the slots
   ``<= input_pos[t]`` (and ``> input_pos[t] - sliding_window`` in a sliding-window layer: the cache keeps every
   slot, the mask applies the window; in ``decode`` such a layer attends over only the ``sliding_window`` slots
-  ending at its position, gathered from the cache, when the window is shorter than the cache), so stale slots
+  ending at its position, gathered from the cache, when the window is shorter than the cache; in a chunked layer,
+  ``config.attention_chunk_size``, only its own chunk's, ``slot // chunk == input_pos[t] // chunk``), so stale slots
   past the current position are never read and a short prompt
   can be padded to L: the pad rows' positions may be anything (LiteRT-LM passes 0), their keys land after the
   prompt's and decode overwrites them before it reads them. Keep ``input_pos[0] + T <= cache_len`` (a block that
@@ -37,6 +38,7 @@ import torch
 
 from .errors import ExportFailedError, UnsupportedModelError
 from .llm_errors import capture_failure, unsupported_layer_types
+from .llm_families import cache_heads, refuse_unexported_config
 from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
@@ -73,32 +75,64 @@ class CacheSpec:
 
 class _StateLayer:
     """One layer of the explicit cache: ``update`` writes the new keys/values at ``pos`` out of place (so the
-    exported graph returns them) and hands back the whole cache for attention."""
+    exported graph returns them) and hands back the whole cache for attention. ``repeats``: the model passes each
+    KV head that many times (llm_families.cache_heads); the cache keeps one copy and attention gets them all.
+    A transformers attention layer to the Cache (registered as a CacheLayerMixin in ``_explicit_cache``), so the
+    Cache's per-layer queries (``get_seq_length``, ``get_mask_sizes``) reach it."""
 
     is_sliding = False
     is_compileable = True
+    supports_early_init = False  # given its tensors, never allocated by transformers
 
-    def __init__(self, keys, values, pos, window_slots=None):
+    def __init__(self, keys, values, pos, window_slots=None, repeats: int = 1):
         self.keys, self.values, self.pos, self.is_initialized = keys, values, pos, True
-        self.window_slots = window_slots
+        self.window_slots, self.repeats = window_slots, int(repeats)
+        self.length = pos[0]  # the tokens before this call's block (its first position; input_pos is contiguous)
+
+    def lazy_initialization(self, key_states, value_states):  # the layer holds the caller's tensors from the start
+        pass
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if self.repeats > 1:  # equal copies of each KV head, consecutive (llm_families.cache_heads): keep the first
+            key_states, value_states = key_states[:, ::self.repeats], value_states[:, ::self.repeats]
         self.keys = cache_write(self.keys, key_states, self.pos, 2)
         self.values = cache_write(self.values, value_states, self.pos, 2)
+        self.length = self.pos[0] + key_states.shape[2]
+        keys, values = self.keys, self.values
         if self.window_slots is not None:  # a sliding layer's decode reads only its window (KVCacheLM._window)
-            return self.keys.index_select(2, self.window_slots), self.values.index_select(2, self.window_slots)
-        return self.keys, self.values
+            keys, values = keys.index_select(2, self.window_slots), values.index_select(2, self.window_slots)
+        if self.repeats > 1:
+            keys, values = _repeat_heads(keys, self.repeats), _repeat_heads(values, self.repeats)
+        return keys, values
 
-    def get_seq_length(self):  # only read when position_ids are missing; they never are here
-        raise NotImplementedError("the explicit KV cache has no sequence length: pass position_ids")
+    def get_seq_length(self):
+        """The tokens in the cache, as transformers' layers count them: the positions before this call's block,
+        then, once ``update`` wrote it, through its end; a 0-d tensor, as transformers' StaticLayer returns (Llama
+        4's attention temperature reads it before the update as the block's first position)."""
+        return self.length
+
+    def get_mask_sizes(self, query_length: int):
+        """(kv_length, kv_offset) of the keys ``update`` returns: the whole cache from slot 0, or a sliding
+        layer's decode window from its first slot."""
+        if self.window_slots is not None:
+            return self.window_slots.shape[0], self.window_slots[0]
+        return self.keys.shape[2], 0
 
     def get_max_length(self):
         return self.keys.shape[2]
 
 
-def _explicit_cache(layers):
-    from transformers.cache_utils import Cache
+def _repeat_heads(x, repeats: int):
+    """[B, H, S, D] -> [B, H * repeats, S, D], each head ``repeats`` times in a row (transformers' repeat_kv)."""
+    b, h, s, d = x.shape
+    return x[:, :, None].expand(b, h, repeats, s, d).reshape(b, h * repeats, s, d)
 
+
+def _explicit_cache(layers):
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    # a virtual subclass (CacheLayerMixin is an ABC): the Cache's queries dispatch to attention layers by isinstance
+    CacheLayerMixin.register(_StateLayer)
     return Cache(layers=layers)
 
 
@@ -106,7 +140,9 @@ class KVCacheLM(torch.nn.Module):
     """Wraps a ``transformers`` causal LM in the cache protocol above. Seen matching transformers' generate:
     Llama, Qwen2, Qwen3, Phi-3, Gemma 3 text (sliding-window and global layers), Gemma 2 (logit softcapping),
     Mixtral and GPT-OSS (attention sinks; top-k of N experts, switched to transformers' static-shape
-    ``batched_mm`` experts).
+    ``batched_mm`` experts), Falcon (both decoder architectures, rotary; its KV heads cached once:
+    llm_families.cache_heads) and Llama 4 text (chunked and global layers, NoPE layers' attention temperature
+    from ``get_seq_length``, top-1 MoE with a shared expert).
 
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
@@ -126,7 +162,9 @@ class KVCacheLM(torch.nn.Module):
         if getattr(model, "_can_set_experts_implementation", lambda: False)() and \
                 getattr(cfg, "_experts_implementation", None) != "batched_mm":
             model.set_experts_implementation("batched_mm")
-        self.spec = CacheSpec(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads,
+        refuse_unexported_config(cfg)
+        kv_heads, self.repeats = cache_heads(cfg)
+        self.spec = CacheSpec(cfg.num_hidden_layers, kv_heads,
                               int(cache_len), head_dim, dtype, int(batch))
 
     def _masks(self, pos, window_slots=None):
@@ -148,6 +186,9 @@ class KVCacheLM(torch.nn.Module):
         masks = {"full_attention": _additive(causal, dtype)}
         if "sliding_attention" in self.layer_types:
             masks["sliding_attention"] = _additive(sliding, dtype)
+        if "chunked_attention" in self.layer_types:  # transformers' chunked_overlay: the key in the query's chunk
+            chunk = int(self.model.config.attention_chunk_size)
+            masks["chunked_attention"] = _additive(causal & (slots[None, :] >= (pos - pos % chunk)[:, None]), dtype)
         return masks
 
     def _sliding_window(self) -> int | None:
@@ -176,7 +217,8 @@ class KVCacheLM(torch.nn.Module):
         names = self.spec.names()
         pos = input_pos.to(torch.long)
         window = self._window(pos, tokens.shape[1])
-        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos, window if self._slides(i) else None)
+        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos, window if self._slides(i) else None,
+                              self.repeats)
                   for i in range(self.spec.num_layers)]
         position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
         with _grouped_query_sdpa(self.model.config):
@@ -269,7 +311,7 @@ class _grouped_query_sdpa:  # noqa: N801 - used as a context manager, like torch
         return False
 
 
-_LAYER_TYPES = ("full_attention", "sliding_attention")
+_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 
 def _layer_types(cfg) -> list[str] | None:
@@ -281,6 +323,8 @@ def _layer_types(cfg) -> list[str] | None:
         raise unsupported_layer_types(cfg, odd, _LAYER_TYPES)
     if "sliding_attention" in types and not getattr(cfg, "sliding_window", None):
         raise ValueError(f"{type(cfg).__name__}: sliding_attention layers but no sliding_window in the config")
+    if "chunked_attention" in types and not getattr(cfg, "attention_chunk_size", None):
+        raise ValueError(f"{type(cfg).__name__}: chunked_attention layers but no attention_chunk_size in the config")
     return list(types)
 
 

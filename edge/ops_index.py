@@ -87,6 +87,7 @@ def _gather(lw, x, dim, index):
 @supported_if(lambda n: _index_form(n.args[1]) is not None)
 def index(lw, x, indices):
     kind, pos = _index_form(indices)
+    indices = [_from_the_front(lw, ix, x.shape[d]) for d, ix in enumerate(indices)]
     if kind == "one":
         return _gather(lw, x, pos, indices[pos])
     # several index tensors from dim 0: GATHER_ND over their broadcast coordinates
@@ -105,6 +106,15 @@ def index(lw, x, indices):
                    opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
     x = lw.with_perm(x, L.identity(x.rank))
     return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype)
+
+
+def _from_the_front(lw, ix, n):
+    """A constant index with negative entries (torch counts them from the end: Falcon's ``qkv[..., [-2]]``) as
+    the same entries counted from the front: GATHER and GATHER_ND refuse a negative index."""
+    if ix is None or n is None or not ix.is_const:
+        return ix
+    c = np.asarray(ix.const)
+    return lw.const(np.where(c < 0, c + n, c).astype(c.dtype)) if (c < 0).any() else ix
 
 
 def _index_form(indices):

@@ -13,12 +13,15 @@ from .dtype_policy import apply_dtype_policy
 from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fold_matmul_transpose import fold_matmul_transpose
+from .lower_complex import lower_complex
 from .naming import name_tensors
 
 __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_transpose", "fold_constants",
-           "remove_dead_code", "apply_dtype_policy", "name_tensors"]
+           "remove_dead_code", "apply_dtype_policy", "lower_complex", "name_tensors"]
 
 # Order matters:
+# - complex arithmetic to real pairs first: no later pass (nor backend) meets a complex value, and the dtype
+#   policy then narrows a complex128's float64 pairs as any float64.
 # - x @ W.t() -> linear(x, W) first: before constant folding stores W.t() as a weight of its own, and
 #   before BatchNorm folding, which folds into a linear.
 # - then BatchNorm folding: it needs the conv -> BN pattern intact and adds folded weights.
@@ -26,8 +29,8 @@ __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_
 #   (an int64 arange folded first would carry int64 into the weights).
 # - constant folding, then dead code: folding leaves the weight-only subgraphs unread.
 # - naming last, over the final graph.
-SHARED_PASSES = [fold_matmul_transpose, fold_batchnorm, apply_dtype_policy, fold_constants, remove_dead_code,
-                 name_tensors]
+SHARED_PASSES = [lower_complex, fold_matmul_transpose, fold_batchnorm, apply_dtype_policy, fold_constants,
+                 remove_dead_code, name_tensors]
 
 
 def run_shared_passes(prog: Program, passes=SHARED_PASSES, *, keep=KEEP_WHOLE) -> Program:
