@@ -39,6 +39,7 @@ import torch
 from .errors import ExportFailedError, UnsupportedModelError
 from .llm_errors import capture_failure, unsupported_layer_types
 from .llm_families import cache_heads, refuse_unexported_config
+from .llm_mla import mla_attention, mla_cache_widths
 from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
@@ -47,7 +48,9 @@ __all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """Shapes of the explicit cache: ``num_layers`` K and V tensors of [batch, kv_heads, cache_len, head_dim]."""
+    """Shapes of the explicit cache: ``num_layers`` K tensors of [batch, kv_heads, cache_len, head_dim] and V
+    tensors of [batch, kv_heads, cache_len, v_head_dim] (``v_head_dim`` None: head_dim, the usual K/V cache; an MLA
+    model caches its latent as K and its rope key as V, of different widths: converter/llm_mla.py)."""
 
     num_layers: int
     kv_heads: int
@@ -55,22 +58,44 @@ class CacheSpec:
     head_dim: int
     dtype: torch.dtype = torch.float32
     batch: int = 1
+    v_head_dim: int | None = None
+
+    @property
+    def v_width(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
-        return (self.batch, self.kv_heads, self.cache_len, self.head_dim)
+        """The one shape of every cache tensor; for K and V of different widths, ``shape_of(name)``."""
+        if self.v_width != self.head_dim:
+            raise ValueError(f"this cache's K ({self.head_dim} wide) and V ({self.v_width} wide) differ in shape: "
+                             "use CacheSpec.shape_of(name) or shapes()")
+        return self.shape_of("kv_cache_k_0")
+
+    def shape_of(self, name: str) -> tuple[int, int, int, int]:
+        """The shape of the cache tensor ``name`` (a K or a V, from ``names()``)."""
+        width = self.v_width if name.startswith("kv_cache_v_") else self.head_dim
+        return (self.batch, self.kv_heads, self.cache_len, width)
+
+    def shapes(self) -> dict[str, tuple[int, int, int, int]]:
+        return {n: self.shape_of(n) for n in self.names()}
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Bytes one cache slot takes in every layer, K and V, per batch row."""
+        return self.num_layers * self.kv_heads * (self.head_dim + self.v_width) * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
         """Bytes of the whole cache: K and V of every layer."""
-        return 2 * self.num_layers * self.batch * self.kv_heads * self.cache_len * self.head_dim * self.dtype.itemsize
+        return self.batch * self.cache_len * self.bytes_per_token
 
     def names(self) -> list[str]:
         """Input/output names, K and V of layer 0, then layer 1, ... (LiteRT-LM's ``kv_cache_k_<i>`` naming)."""
         return [f"kv_cache_{kind}_{i}" for i in range(self.num_layers) for kind in ("k", "v")]
 
     def zeros(self) -> dict[str, torch.Tensor]:
-        return {n: torch.zeros(self.shape, dtype=self.dtype) for n in self.names()}
+        return {n: torch.zeros(self.shape_of(n), dtype=self.dtype) for n in self.names()}
 
 
 class _StateLayer:
@@ -164,8 +189,12 @@ class KVCacheLM(torch.nn.Module):
             model.set_experts_implementation("batched_mm")
         refuse_unexported_config(cfg)
         kv_heads, self.repeats = cache_heads(cfg)
+        v_head_dim = None
+        mla = mla_cache_widths(model)  # multi-head latent attention: one latent "head" and a shared rope key
+        if mla is not None:
+            kv_heads, head_dim, v_head_dim = 1, *mla
         self.spec = CacheSpec(cfg.num_hidden_layers, kv_heads,
-                              int(cache_len), head_dim, dtype, int(batch))
+                              int(cache_len), head_dim, dtype, int(batch), v_head_dim)
 
     def _masks(self, pos, window_slots=None):
         """The additive attention mask from positions: query t sees the slots <= its position (and, in a
@@ -221,7 +250,7 @@ class KVCacheLM(torch.nn.Module):
                               self.repeats)
                   for i in range(self.spec.num_layers)]
         position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
-        with _grouped_query_sdpa(self.model.config):
+        with _grouped_query_sdpa(self.model.config), mla_attention(self.model):
             out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos, window),
                              position_ids=position_ids, cache=_explicit_cache(layers), use_cache=True)
         result = {"logits": out.logits}

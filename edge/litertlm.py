@@ -13,7 +13,9 @@ Sections, in order (what ``litert-lm-peek --litertlm_file F`` lists):
   llm_model_type, jinja_prompt_template.
 - ExecutorMetadata: one state buffer per cache tensor, ``kv_cache_k_<i>`` / ``kv_cache_v_<i>``, input and output
   of every signature under the same name, GLOBAL_KEY_CACHE / GLOBAL_VALUE_CACHE, sequence axis 2 for both (the
-  protocol stores V like K, [1, kv_heads, cache_len, head_dim]), maximum_sequence_length = cache_len.
+  protocol stores V like K, [1, kv_heads, cache_len, head_dim]), maximum_sequence_length = cache_len. K and V may
+  differ in width (an MLA model's latent and rope key, converter/llm_mla.py): the engine allocates each cache
+  buffer from the .tflite's own tensor of that name.
 - HF_Tokenizer_Zlib: tokenizer.json.
 - TFLiteModel (model_type tf_lite_prefill_decode).
 
@@ -117,7 +119,7 @@ def engine_vocab(sigs: dict) -> int:
 def _check_signatures(sigs: dict, spec) -> int:
     """The engine's view of the .tflite, checked against the cache spec; returns the vocabulary size."""
     vocab = engine_vocab(sigs)
-    want = {n: (tuple(spec.shape), "float32") for n in spec.names()}
+    want = {n: (tuple(shape), "float32") for n, shape in spec.shapes().items()}
     for name, (ins, outs) in sigs.items():
         if name != "decode" and not _PREFILL.match(name):
             continue

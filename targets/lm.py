@@ -79,6 +79,7 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
                            f"{cache_len or 'default'}"):
         prog, spec = capture_lm(src, prefill_lengths, cache_len)
     meta = lm_meta(src, spec, prefill_lengths)
+    cache_comparison = _plain_kv_comparison(src)
     ref = None
     if verify:  # before any target is written: the last edge target releases the model
         from .lm_verify import reference_logits
@@ -93,7 +94,8 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
     del prog
     stage = staging_dir(out_dir)
     try:
-        summary = {"kind": _KIND, "source": src.name, **{k: meta[k] for k in ("prefill_lengths", "cache")},
+        summary = {"kind": _KIND, "source": src.name, "prefill_lengths": meta["prefill_lengths"],
+                   "cache": {**meta["cache"], **cache_comparison},
                    "stages": stages.times, "targets": {}}
         written = {}
         for k, (t, o) in enumerate(zip(resolved, opts)):
@@ -137,6 +139,17 @@ def _verify(ref, t, opts, files, spec, stages, source_dtype):
         return verify_artifact(ref, path, spec, t.name, scheme, bound)
 
 
+def _plain_kv_comparison(src: LmSource) -> dict:
+    """For a model with multi-head latent attention (converter/llm_mla.py), the bytes per token a plain K/V cache
+    of it would take (float32, as captured) and how many times the latent cache is smaller; {} for any other."""
+    from tpu_export.converter.llm_mla import kv_bytes_per_token, mla_cache_widths
+
+    if src.protocol or src.model is None or mla_cache_widths(src.model) is None:
+        return {}
+    sizes = kv_bytes_per_token(src.model.config)
+    return {"plain_kv_bytes_per_token": sizes["plain_kv"], "plain_kv_over_mla": sizes["ratio"]}
+
+
 def check_lm_chat_template(source, src: LmSource) -> None:
     """The chat template renders a user turn within edge.chat_template's limits, as ``generate --chat`` will: a
     template that loops for minutes or renders gigabytes is refused here, naming its file, not after the
@@ -172,7 +185,9 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
     from .lm_dir import check_lengths, layer_dims
 
     # before anything is allocated: the cache must fit this machine's memory, the prefill the cache
-    check_lengths(*layer_dims(src.model.config), list(prefill_lengths), int(cache_len or DEFAULT_CACHE_LEN), src.name)
+    layers, kv_heads, k_width, v_width = layer_dims(src.model.config)
+    check_lengths(layers, kv_heads, k_width, list(prefill_lengths), int(cache_len or DEFAULT_CACHE_LEN), src.name,
+                  v_head_dim=v_width)
     # prefill without logits: both runtimes' loops (LiteRT-LM's, tpu_export.generate's) never read them
     return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN),
                       prefill_logits=False)
@@ -182,7 +197,8 @@ def lm_meta(src: LmSource, spec, prefill_lengths) -> dict:
     """The contents of lm.json: the cache's shapes, the prefill lengths, stop tokens, BOS, chat template."""
     return {"format": 1, "prefill_lengths": sorted({int(n) for n in prefill_lengths}),
             "cache": {"num_layers": spec.num_layers, "kv_heads": spec.kv_heads, "cache_len": spec.cache_len,
-                      "head_dim": spec.head_dim, "dtype": str(spec.dtype).replace("torch.", "")},
+                      "head_dim": spec.head_dim, "v_head_dim": spec.v_width,
+                      "dtype": str(spec.dtype).replace("torch.", ""), "bytes_per_token": spec.bytes_per_token},
             "stop_token_ids": list(src.stop_token_ids), "bos_token_id": src.bos_token_id,
             "chat_template": src.chat_template,
             "tokenizer": "tokenizer.json" if src.tokenizer_json is not None else None}

@@ -304,8 +304,10 @@ def token_ids(v, where: str, key: str, vocab: int | None) -> tuple:
     return tuple(vals)
 
 
-def check_lengths(num_layers: int, kv_heads: int, head_dim: int, prefill_lengths, cache_len: int, name: str) -> None:
-    """The cache and prefill lengths are positive, prefill fits the cache, and the KV cache fits in memory."""
+def check_lengths(num_layers: int, kv_heads: int, head_dim: int, prefill_lengths, cache_len: int, name: str,
+                  v_head_dim: int | None = None) -> None:
+    """The cache and prefill lengths are positive, prefill fits the cache, and the KV cache (V ``v_head_dim``
+    wide, None: as K) fits in memory."""
     for what, v in [("cache_len", cache_len)] + [("prefill length", p) for p in prefill_lengths]:
         if type(v) is not int or v < 1:
             raise LmSourceError(f"{name}: {what} {v!r} is not a positive integer. Fix: give a number of tokens "
@@ -317,20 +319,25 @@ def check_lengths(num_layers: int, kv_heads: int, head_dim: int, prefill_lengths
                             "prefill writes its tokens into the cache). Fix: a longer cache or a shorter prefill")
     from tpu_export.converter.llm import CacheSpec
 
-    need = CacheSpec(num_layers, kv_heads, cache_len, head_dim).nbytes  # float32, as captured
+    spec = CacheSpec(num_layers, kv_heads, cache_len, head_dim, v_head_dim=v_head_dim)  # float32, as captured
+    need = spec.nbytes
     have = memory_budget()
     if need > have // 2:
-        most = max(1, (have // 2) // max(1, CacheSpec(num_layers, kv_heads, 1, head_dim).nbytes))
+        most = max(1, (have // 2) // max(1, spec.bytes_per_token))
         raise LmSourceError(f"{name}: cache_len {cache_len} makes a {need / 2**30:.1f} GiB KV cache; this machine "
                             f"has {have / 2**30:.1f} GiB available (half of it for the cache: at most "
                             f"{most} slots). Fix: a smaller cache_len")
 
 
-def layer_dims(config) -> tuple[int, int, int]:
-    """(layers, KV heads, head dim) of a transformers config, for check_lengths."""
+def layer_dims(config) -> tuple[int, int, int, int]:
+    """(layers, KV heads, K width, V width) of the cache a transformers config makes, for check_lengths. Multi-head
+    latent attention (a ``kv_lora_rank`` in the config: converter/llm_mla.py) caches one latent of that width and
+    the rope key per layer."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     layers = int(getattr(text, "num_hidden_layers", 1) or 1)
+    if getattr(text, "kv_lora_rank", None) and getattr(text, "qk_rope_head_dim", None):
+        return layers, 1, int(text.kv_lora_rank), int(text.qk_rope_head_dim)
     heads = int(getattr(text, "num_attention_heads", 1) or 1)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
     hd = getattr(text, "head_dim", None) or int(getattr(text, "hidden_size", heads)) // heads
-    return layers, kv, int(hd)
+    return layers, kv, int(hd), int(hd)

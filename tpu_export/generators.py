@@ -123,6 +123,8 @@ def read_lm_json(folder: str) -> tuple[dict, "object"]:
                              "the model again")
     dims = [_bounded_int(c.get(k), f"cache.{k}", meta_path, 1, 1 << 24)
             for k in ("num_layers", "kv_heads", "cache_len", "head_dim")]
+    # V's width: lm.json files before it was written have K and V alike
+    v_width = _bounded_int(c.get("v_head_dim", dims[3]), "cache.v_head_dim", meta_path, 1, 1 << 24)
     dtype = c.get("dtype", "float32")
     if dtype not in _CACHE_DTYPES:
         raise GeneratorError(f"{meta_path}: cache.dtype is {dtype!r}; one of {list(_CACHE_DTYPES)}: convert the "
@@ -135,18 +137,19 @@ def read_lm_json(folder: str) -> tuple[dict, "object"]:
     template = meta.get("chat_template")
     if template is not None and not isinstance(template, str):
         raise GeneratorError(f"{meta_path}: chat_template is a {type(template).__name__}, not text")
-    return meta, CacheSpec(*dims, getattr(torch, dtype))
+    return meta, CacheSpec(*dims, getattr(torch, dtype), v_head_dim=v_width)
 
 
 def _check_cache(spec, inputs: dict, meta_path: str, model: str) -> None:
     """lm.json's caches are the model's own: every kv_cache_* input of its decode signature, the same shape and
     dtype, and nothing more (the loop allocates what lm.json says; the model file, checked, says what it is)."""
-    want = {n: (tuple(spec.shape), str(spec.dtype).replace("torch.", "")) for n in spec.names()}
+    want = {n: (tuple(shape), str(spec.dtype).replace("torch.", "")) for n, shape in spec.shapes().items()}
     have = {n: v for n, v in inputs.items() if n.startswith("kv_cache_")}
     if want != have:
         diff = sorted(set(want.items()) ^ set(have.items()))[:2]
+        width = spec.head_dim if spec.v_width == spec.head_dim else f"{spec.head_dim} (K) / {spec.v_width} (V)"
         raise GeneratorError(f"{meta_path}: its cache ({spec.num_layers} layers x {spec.kv_heads} heads x "
-                             f"{spec.cache_len} slots x {spec.head_dim}, {want and next(iter(want.values()))[1]}) is "
+                             f"{spec.cache_len} slots x {width}, {want and next(iter(want.values()))[1]}) is "
                              f"not {model}'s decode inputs (first differences: {diff}); convert the model again")
     from tpu_export.converter.machine import physical_memory
 
