@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pathlib
 
-__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL", "TEXT", "VOCAB", "greedy_reference", "model_class", "save_model_dir",
-           "tiny_config", "tiny_model", "tiny_tokenizer"]
+__all__ = ["ARCHS", "CHAT_TEMPLATE", "SPECIAL", "TEXT", "VOCAB", "greedy_reference", "model_class", "save_lm_dir",
+           "save_model_dir", "tiny_config", "tiny_model", "tiny_tokenizer"]
 
 VOCAB = 256
 SPECIAL = {"pad": ("<pad>", 0), "bos": ("<bos>", 1), "eos": ("<eos>", 2), "unk": ("<unk>", 3)}
@@ -114,11 +114,16 @@ def save_model_dir(arch: str, path, seed: int = 0) -> pathlib.Path:
     """Write the tiny ``arch`` model as a Hugging Face model directory at ``path`` (created) and return it:
     config.json, model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json,
     chat_template.jinja."""
+    return save_lm_dir(tiny_model(arch, seed), path)
+
+
+def save_lm_dir(model, path) -> pathlib.Path:
+    """Write any causal LM over VOCAB ids as save_model_dir does: its weights and config, a generation config
+    with SPECIAL's ids and tiny_tokenizer()."""
     import transformers
 
     path = pathlib.Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model = tiny_model(arch, seed)
     ids = {k: i for k, (_, i) in SPECIAL.items()}
     model.generation_config = transformers.GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
                                                             pad_token_id=ids["pad"])
