@@ -21,7 +21,10 @@ The cache protocol (what every signature takes and returns; static shapes, batch
   ``config.attention_chunk_size``, only its own chunk's, ``slot // chunk == input_pos[t] // chunk``), so stale slots
   past the current position are never read and a short prompt
   can be padded to L: the pad rows' positions may be anything (LiteRT-LM passes 0), their keys land after the
-  prompt's and decode overwrites them before it reads them. Keep ``input_pos[0] + T <= cache_len`` (a block that
+  prompt's and decode overwrites them before it reads them; a model with a convolution state (LFM2's ``conv``
+  layers: ``conv_state_<i>`` [B, hidden, L_cache - 1] beside the caches, converter/llm_conv.py) counts its real
+  rows as max(input_pos) - input_pos[0] + 1, so its pads must carry a position no later than the last real one's
+  (0 does). Keep ``input_pos[0] + T <= cache_len`` (a block that
   would run past the end is moved back to end at the last slot, as dynamic-update-slice clamps).
 - the caller owns the state: it passes zeros first, then each call's returned caches to the next call, and keeps
   every position below ``cache_len`` (the graph cannot raise; tpu_export.generate checks it).
@@ -33,9 +36,11 @@ input tensors and update them functionally, a 4-D additive mask built from ``inp
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
+from . import llm_conv
 from .errors import ExportFailedError, UnsupportedModelError
 from .llm_errors import capture_failure, unsupported_layer_types
 from .llm_families import cache_heads, refuse_unexported_config
@@ -48,9 +53,12 @@ __all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
 
 @dataclasses.dataclass(frozen=True)
 class CacheSpec:
-    """Shapes of the explicit cache: ``num_layers`` K tensors of [batch, kv_heads, cache_len, head_dim] and V
-    tensors of [batch, kv_heads, cache_len, v_head_dim] (``v_head_dim`` None: head_dim, the usual K/V cache; an MLA
-    model caches its latent as K and its rope key as V, of different widths: converter/llm_mla.py)."""
+    """Shapes of the explicit state: K tensors of [batch, kv_heads, cache_len, head_dim] and V tensors of
+    [batch, kv_heads, cache_len, v_head_dim] for each attention layer (``kv_layers``: their indices, None: all
+    ``num_layers``; ``v_head_dim`` None: head_dim, the usual K/V cache; an MLA model caches its latent as K and
+    its rope key as V, of different widths: converter/llm_mla.py), then the ``states``: (name, shape without the
+    batch axis) of every other state tensor, such as a short convolution's window of inputs (``conv_state_<i>``
+    [batch, hidden, L_cache - 1], converter/llm_conv.py), passed in and returned like the caches."""
 
     num_layers: int
     kv_heads: int
@@ -59,40 +67,52 @@ class CacheSpec:
     dtype: torch.dtype = torch.float32
     batch: int = 1
     v_head_dim: int | None = None
+    kv_layers: tuple[int, ...] | None = None
+    states: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
     def v_width(self) -> int:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
+    def kv_layer_ids(self) -> tuple[int, ...]:
+        return tuple(range(self.num_layers)) if self.kv_layers is None else tuple(self.kv_layers)
+
+    @property
     def shape(self) -> tuple[int, int, int, int]:
-        """The one shape of every cache tensor; for K and V of different widths, ``shape_of(name)``."""
+        """The one shape of every K/V cache tensor; for K and V of different widths, ``shape_of(name)``."""
         if self.v_width != self.head_dim:
             raise ValueError(f"this cache's K ({self.head_dim} wide) and V ({self.v_width} wide) differ in shape: "
                              "use CacheSpec.shape_of(name) or shapes()")
-        return self.shape_of("kv_cache_k_0")
+        return (self.batch, self.kv_heads, self.cache_len, self.head_dim)
 
-    def shape_of(self, name: str) -> tuple[int, int, int, int]:
-        """The shape of the cache tensor ``name`` (a K or a V, from ``names()``)."""
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The shape of the state tensor ``name`` (a K, a V or one of ``states``, from ``names()``)."""
+        extra = dict(self.states)
+        if name in extra:
+            return (self.batch, *extra[name])
         width = self.v_width if name.startswith("kv_cache_v_") else self.head_dim
         return (self.batch, self.kv_heads, self.cache_len, width)
 
-    def shapes(self) -> dict[str, tuple[int, int, int, int]]:
+    def shapes(self) -> dict[str, tuple[int, ...]]:
         return {n: self.shape_of(n) for n in self.names()}
 
     @property
     def bytes_per_token(self) -> int:
-        """Bytes one cache slot takes in every layer, K and V, per batch row."""
-        return self.num_layers * self.kv_heads * (self.head_dim + self.v_width) * self.dtype.itemsize
+        """Bytes one cache slot takes in every attention layer, K and V, per batch row (``states`` do not grow)."""
+        return len(self.kv_layer_ids) * self.kv_heads * (self.head_dim + self.v_width) * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the whole cache: K and V of every layer."""
-        return self.batch * self.cache_len * self.bytes_per_token
+        """Bytes of the whole state: K and V of every attention layer and the ``states``."""
+        fixed = sum(math.prod(shape) for _, shape in self.states) * self.dtype.itemsize
+        return self.batch * (self.cache_len * self.bytes_per_token + fixed)
 
     def names(self) -> list[str]:
-        """Input/output names, K and V of layer 0, then layer 1, ... (LiteRT-LM's ``kv_cache_k_<i>`` naming)."""
-        return [f"kv_cache_{kind}_{i}" for i in range(self.num_layers) for kind in ("k", "v")]
+        """Input/output names: K and V of each attention layer in order (LiteRT-LM's ``kv_cache_k_<i>`` naming,
+        ``i`` the layer's index in the model), then the ``states``."""
+        return [f"kv_cache_{kind}_{i}" for i in self.kv_layer_ids for kind in ("k", "v")] + \
+            [name for name, _ in self.states]
 
     def zeros(self) -> dict[str, torch.Tensor]:
         return {n: torch.zeros(self.shape_of(n), dtype=self.dtype) for n in self.names()}
@@ -158,6 +178,7 @@ def _explicit_cache(layers):
 
     # a virtual subclass (CacheLayerMixin is an ABC): the Cache's queries dispatch to attention layers by isinstance
     CacheLayerMixin.register(_StateLayer)
+    llm_conv.register()
     return Cache(layers=layers)
 
 
@@ -167,7 +188,8 @@ class KVCacheLM(torch.nn.Module):
     Mixtral and GPT-OSS (attention sinks; top-k of N experts, switched to transformers' static-shape
     ``batched_mm`` experts), Falcon (both decoder architectures, rotary; its KV heads cached once:
     llm_families.cache_heads) and Llama 4 text (chunked and global layers, NoPE layers' attention temperature
-    from ``get_seq_length``, top-1 MoE with a shared expert).
+    from ``get_seq_length``, top-1 MoE with a shared expert) and LFM2 (short convolutions beside attention, each
+    conv layer's window of inputs passed as state: converter/llm_conv.py).
 
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
@@ -181,6 +203,8 @@ class KVCacheLM(torch.nn.Module):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.model = model.eval()
         self.layer_types = _layer_types(cfg)
+        self.convs = {i: name for i, name, _ in llm_conv.conv_states(model)} if self.layer_types and \
+            "conv" in self.layer_types else {}
         # a mixture of experts: transformers' default grouped_mm dispatch sorts tokens by expert (data-dependent
         # shapes, histc); its batched_mm gathers each token's top-k expert weights instead (static shapes, the
         # same numbers). This switches the given model object.
@@ -193,8 +217,12 @@ class KVCacheLM(torch.nn.Module):
         mla = mla_cache_widths(model)  # multi-head latent attention: one latent "head" and a shared rope key
         if mla is not None:
             kv_heads, head_dim, v_head_dim = 1, *mla
+        kv_layers, states = None, ()
+        if self.convs:  # short convolutions: K/V for the attention layers only, a window of inputs for these
+            kv_layers = tuple(i for i in range(cfg.num_hidden_layers) if i not in self.convs)
+            states = tuple((name, shape) for _, name, shape in llm_conv.conv_states(model))
         self.spec = CacheSpec(cfg.num_hidden_layers, kv_heads,
-                              int(cache_len), head_dim, dtype, int(batch), v_head_dim)
+                              int(cache_len), head_dim, dtype, int(batch), v_head_dim, kv_layers, states)
 
     def _masks(self, pos, window_slots=None):
         """The additive attention mask from positions: query t sees the slots <= its position (and, in a
@@ -213,6 +241,8 @@ class KVCacheLM(torch.nn.Module):
             # no per-layer types: every layer slides when the config sets a window (Mistral, Phi-3, Mixtral)
             return _additive(causal if sliding is None else sliding, dtype)
         masks = {"full_attention": _additive(causal, dtype)}
+        if "conv" in self.layer_types:  # no padding mask: the pads follow the real rows (llm_conv)
+            masks["conv"] = None
         if "sliding_attention" in self.layer_types:
             masks["sliding_attention"] = _additive(sliding, dtype)
         if "chunked_attention" in self.layer_types:  # transformers' chunked_overlay: the key in the query's chunk
@@ -243,20 +273,24 @@ class KVCacheLM(torch.nn.Module):
         return self.layer_types[i] == "sliding_attention"
 
     def forward(self, tokens, input_pos, **caches):
-        names = self.spec.names()
         pos = input_pos.to(torch.long)
         window = self._window(pos, tokens.shape[1])
-        layers = [_StateLayer(caches[names[2 * i]], caches[names[2 * i + 1]], pos, window if self._slides(i) else None,
-                              self.repeats)
+        n_real = llm_conv.real_tokens(pos, tokens.shape[1]) if self.convs else None
+        layers = [llm_conv.ConvStateLayer(caches[self.convs[i]], n_real) if i in self.convs else
+                  _StateLayer(caches[f"kv_cache_k_{i}"], caches[f"kv_cache_v_{i}"], pos,
+                              window if self._slides(i) else None, self.repeats)
                   for i in range(self.spec.num_layers)]
         position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
         with _grouped_query_sdpa(self.model.config), mla_attention(self.model):
             out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos, window),
                              position_ids=position_ids, cache=_explicit_cache(layers), use_cache=True)
-        result = {"logits": out.logits}
+        state = {}
         for i, layer in enumerate(layers):
-            result[names[2 * i]], result[names[2 * i + 1]] = layer.keys, layer.values
-        return result
+            if i in self.convs:
+                state[self.convs[i]] = layer.state
+            else:
+                state[f"kv_cache_k_{i}"], state[f"kv_cache_v_{i}"] = layer.keys, layer.values
+        return {"logits": out.logits, **{n: state[n] for n in self.spec.names()}}  # in the inputs' order
 
 
 _GQA_SDPA = "tpu_export_gqa_sdpa"
@@ -347,7 +381,8 @@ def _layer_types(cfg) -> list[str] | None:
     types = getattr(cfg, "layer_types", None)
     if types is None:
         return None
-    odd = sorted(set(types) - set(_LAYER_TYPES))
+    known = _LAYER_TYPES + (("conv",) if getattr(cfg, "model_type", None) in llm_conv.CONV_MODEL_TYPES else ())
+    odd = sorted(set(types) - set(known))
     if odd:
         raise unsupported_layer_types(cfg, odd, _LAYER_TYPES)
     if "sliding_attention" in types and not getattr(cfg, "sliding_window", None):

@@ -35,7 +35,8 @@ import re
 from tpu_export.converter.atomic import discard, staging_dir, write_file
 from tpu_export.converter.untrusted import UntrustedFileError, limit, read_bytes
 
-__all__ = ["LitertLmError", "MODEL_TYPES", "engine_vocab", "read_litertlm", "write_litertlm"]
+__all__ = ["LitertLmError", "MODEL_TYPES", "engine_state_refusal", "engine_vocab", "read_litertlm",
+           "write_litertlm"]
 
 # LlmMetadata.llm_model_type's choices in litert-lm-builder 0.18.1 (the oneof's field names); "generic_model" is
 # the engine's default handling (the jinja template and the stop tokens, nothing model-specific)
@@ -51,6 +52,20 @@ class LitertLmError(ValueError):
 
 def _fail(msg: str):
     raise LitertLmError(msg)
+
+
+def engine_state_refusal(cache_spec, family: str) -> str | None:
+    """Why the LiteRT-LM engine cannot run a model whose state is more than its KV caches (converter.llm's
+    CacheSpec.states, e.g. LFM2's convolution windows), as one line naming what runs it; None for a K/V-only
+    model. The engine passes back from one call to the next only the inputs it takes for caches (the ``kv_cache_k_``
+    / ``kv_cache_v_`` names, or the ExecutorMetadata state buffers); a convolution window declared as its
+    TYPE_LINEAR_ATTENTION state buffer generated other text than transformers (docs/llm.md#lfm2)."""
+    names = [n for n, _ in getattr(cache_spec, "states", ())]
+    if not names:
+        return None
+    return (f"{family}: no .litertlm: the LiteRT-LM engine has no place for a convolution state "
+            f"({names[0]}, ...: it carries only KV caches between calls, docs/llm.md#lfm2); the .tflite with "
+            "`tpu-export generate` and the TPU artifact run it")
 
 
 def _tflite_data(tflite):
@@ -211,6 +226,9 @@ def write_litertlm(path, tflite, *, tokenizer_json, stop_token_ids, max_num_toke
     if not isinstance(cache_spec, CacheSpec):
         _fail(f"cache_spec: expected the converter.llm.CacheSpec that prepare_lm returned, got "
               f"{type(cache_spec).__name__}")
+    refusal = engine_state_refusal(cache_spec, "this model")
+    if refusal is not None:
+        _fail(refusal)
     if cache_spec.batch != 1:
         _fail(f"cache_spec: batch {cache_spec.batch}; LiteRT-LM runs batch 1: export with prepare_lm(batch=1)")
     if model_type not in MODEL_TYPES:

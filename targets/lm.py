@@ -79,6 +79,7 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
                            f"{cache_len or 'default'}"):
         prog, spec = capture_lm(src, prefill_lengths, cache_len)
     meta = lm_meta(src, spec, prefill_lengths)
+    no_bundle = _bundle_refusal(src, spec)  # None, or why no .litertlm is written
     cache_comparison = _plain_kv_comparison(src)
     ref = None
     if verify:  # before any target is written: the last edge target releases the model
@@ -103,8 +104,8 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
             os.makedirs(d)
             ts = Stages(lambda m, n=t.name: say(f"{n}: {m}"))
             if t.backend == "edge":
-                files, target_meta, tspec = (_write_edge(held, src, spec, t, o, d, ts, last=k == len(resolved) - 1),
-                                             meta, spec)
+                files, target_meta, tspec = (_write_edge(held, src, spec, t, o, d, ts, last=k == len(resolved) - 1,
+                                                         no_bundle=no_bundle), meta, spec)
             else:
                 files, tspec = _write_tpu(held["prog"], spec, t, o, d, ts)
                 target_meta = lm_meta(src, tspec, prefill_lengths)  # bf16 caches under dtype=bfloat16
@@ -115,6 +116,8 @@ def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,
                                           "bytes": {f: artifact_size(p) for f, p in sorted(files.items())},
                                           "verify": _verify(ref, t, o, files, tspec, ts, source_dtype)
                                           if verify else "off"}
+            if t.backend == "edge" and no_bundle is not None:
+                summary["targets"][t.name]["not_written"] = {"model.litertlm": no_bundle}
             written[t.name] = {f: os.path.join(out_dir, t.name, f) for f in files}
         summary["signatures"] = signatures
         write_file(os.path.join(stage, "summary.json"), json.dumps(summary, indent=2, default=str).encode())
@@ -198,10 +201,20 @@ def lm_meta(src: LmSource, spec, prefill_lengths) -> dict:
     return {"format": 1, "prefill_lengths": sorted({int(n) for n in prefill_lengths}),
             "cache": {"num_layers": spec.num_layers, "kv_heads": spec.kv_heads, "cache_len": spec.cache_len,
                       "head_dim": spec.head_dim, "v_head_dim": spec.v_width,
-                      "dtype": str(spec.dtype).replace("torch.", ""), "bytes_per_token": spec.bytes_per_token},
+                      "dtype": str(spec.dtype).replace("torch.", ""), "bytes_per_token": spec.bytes_per_token,
+                      **_state_meta(spec)},
             "stop_token_ids": list(src.stop_token_ids), "bos_token_id": src.bos_token_id,
             "chat_template": src.chat_template,
             "tokenizer": "tokenizer.json" if src.tokenizer_json is not None else None}
+
+
+def _state_meta(spec) -> dict:
+    """What a model with state beside its KV cache adds to lm.json's cache entry: the attention layers that hold
+    K/V (``kv_layers``) and each other state tensor's shape without the batch axis (``states``, e.g. LFM2's
+    ``conv_state_<i>``: converter/llm_conv.py); nothing for a model whose every layer is attention."""
+    if spec.kv_layers is None and not spec.states:
+        return {}
+    return {"kv_layers": list(spec.kv_layer_ids), "states": {n: list(shape) for n, shape in spec.states}}
 
 
 def edge_lm_bytes(prog, target, opts, stages) -> bytes:
@@ -247,11 +260,28 @@ def write_litertlm_bundle(path: str, tflite: bytes, src: LmSource, spec) -> str:
                           prompt_template=src.chat_template)
 
 
-def _write_edge(held, src, spec, t, opts, d, stages, last: bool) -> dict:
+def _bundle_refusal(src: LmSource, spec) -> str | None:
+    """Why the edge targets write no .litertlm for this model (its state has no place in the engine), or None."""
+    from tpu_export.converter.llm_errors import family_of
+    from tpu_export.edge.litertlm import engine_state_refusal
+
+    model = src.model
+    return engine_state_refusal(spec, family_of(model) if getattr(model, "config", None) is not None else src.name)
+
+
+def litertlm_files(d: str, tflite, src: LmSource, spec, no_bundle: str | None, say) -> dict:
+    """{"model.litertlm": path} written into ``d``, or {} when ``no_bundle`` says why none is (said here)."""
+    if no_bundle is not None:
+        say(no_bundle)
+        return {}
+    return {"model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), tflite, src, spec)}
+
+
+def _write_edge(held, src, spec, t, opts, d, stages, last: bool, no_bundle: str | None = None) -> dict:
     from .lm_stream import write_edge_lm_streamed
 
     # a large model: never bytes in memory
-    streamed = write_edge_lm_streamed(held["prog"], src, spec, t, opts, d, stages)
+    streamed = write_edge_lm_streamed(held["prog"], src, spec, t, opts, d, stages, no_bundle=no_bundle)
     if streamed is not None:
         return streamed
 
@@ -260,9 +290,9 @@ def _write_edge(held, src, spec, t, opts, d, stages, last: bool) -> dict:
         gc.collect()  # the captured graphs and the model hold reference cycles
 
     tflite = _edge_lm_bytes(held, t, opts, stages, release if last else None)
-    with stages("write", "model.tflite and model.litertlm"):
+    with stages("write", "model.tflite" + (" and model.litertlm" if no_bundle is None else "")):
         return {"model.tflite": write_file(os.path.join(d, "model.tflite"), tflite),
-                "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), tflite, src, spec)}
+                **litertlm_files(d, tflite, src, spec, no_bundle, stages.say)}
 
 
 _TPU_STAGES = (("AOT", "compile"), ("lowering", "lower"), ("writing", "write"))

@@ -83,14 +83,17 @@ def open_lm_runtime(path: str, spec) -> tuple:
 
 def prompt_step(runtime, spec, prompt: list, L: int) -> dict:
     """The prefill of ``prompt`` but its last token (padded to ``L``, the pad slots overwritten before they are
-    read) from empty caches, then the decode of the last one; that decode's outputs (its logits and caches)."""
+    read) from empty caches, then the decode of the last one; that decode's outputs (its logits and caches).
+    The pad rows carry token 0 at position 0, as LiteRT-LM's engine passes them: a model with a convolution state
+    counts its real rows by the positions (converter/llm_conv.py)."""
     import torch
 
     n = len(prompt)
     caches = spec.zeros()
     if n > 1:
         tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)
-        out = runtime(tokens, torch.arange(L, dtype=torch.int32), signature_name=f"prefill_{L}", **caches)
+        pos = torch.tensor(list(range(n - 1)) + [0] * (L - n + 1), dtype=torch.int32)
+        out = runtime(tokens, pos, signature_name=f"prefill_{L}", **caches)
         caches = {k: out[k] for k in spec.names()}
     return runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),
                    signature_name="decode", **caches)

@@ -87,9 +87,9 @@ def streamed_scheme(prog, target, opts) -> tuple[bool, str | None]:
     return (quant.recipe is None and quant.scheme in STREAM_SCHEMES), quant.scheme
 
 
-def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dict | None:
-    """{file: path} of ``model.tflite`` and ``model.litertlm`` written into ``d``, or None when this target keeps
-    the in-memory path (see the module docstring)."""
+def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages, no_bundle: str | None = None) -> dict | None:
+    """{file: path} of ``model.tflite`` and ``model.litertlm`` written into ``d`` (no .litertlm when
+    ``no_bundle`` says why), or None when this target keeps the in-memory path (see the module docstring)."""
     from tpu_export.converter.gc_pause import gc_paused
 
     streams, scheme = streamed_scheme(prog, target, opts)
@@ -98,15 +98,15 @@ def write_edge_lm_streamed(prog, src, spec, target, opts, d: str, stages) -> dic
     # the collector paused as for the capture: the lowering's hundreds of thousands of schema objects made its full
     # collections ~6% of the 0.84 B Llama's convert-lm; nothing here waits on a collection to free memory
     with gc_paused():
-        return _write_streamed(prog, src, spec, target, opts, d, stages, scheme)
+        return _write_streamed(prog, src, spec, target, opts, d, stages, scheme, no_bundle)
 
 
-def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme) -> dict:
+def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme, no_bundle) -> dict:
     from tpu_export.edge.convert import lower_program, write_model
     from tpu_export.edge.tflite_check import map_tflite
 
     from .checks import check_for_target
-    from .lm import write_litertlm_bundle
+    from .lm import litertlm_files
 
     with stages("lower", "LiteRT flatbuffer (prefill and decode subgraphs, one copy of the weights; streamed)"):
         model = lower_program(prog, spill=True, spill_folder=d)
@@ -124,5 +124,4 @@ def _write_streamed(prog, src, spec, target, opts, d: str, stages, scheme) -> di
             check_for_target(data, target, strict=opts.strict_ops, say=stages.say)
         finally:
             data.close()
-        return {"model.tflite": path, "model.litertlm": write_litertlm_bundle(os.path.join(d, "model.litertlm"), path,
-                                                                                src, spec)}
+        return {"model.tflite": path, **litertlm_files(d, path, src, spec, no_bundle, stages.say)}

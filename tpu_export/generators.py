@@ -137,14 +137,38 @@ def read_lm_json(folder: str) -> tuple[dict, "object"]:
     template = meta.get("chat_template")
     if template is not None and not isinstance(template, str):
         raise GeneratorError(f"{meta_path}: chat_template is a {type(template).__name__}, not text")
-    return meta, CacheSpec(*dims, getattr(torch, dtype), v_head_dim=v_width)
+    kv_layers, states = _states(c, dims[0], meta_path)
+    return meta, CacheSpec(*dims, getattr(torch, dtype), v_head_dim=v_width, kv_layers=kv_layers, states=states)
+
+
+def _states(c: dict, num_layers: int, meta_path: str) -> tuple:
+    """lm.json's ``cache.kv_layers`` (the attention layers' indices; absent: every layer) and ``cache.states``
+    ({name: shape without the batch axis}, the state beside the KV cache, e.g. a convolution's window)."""
+    layers = c.get("kv_layers")
+    if layers is not None:
+        if not isinstance(layers, list) or len(layers) > num_layers:
+            raise GeneratorError(f"{meta_path}: cache.kv_layers is {str(layers)[:80]}, not a list of at most "
+                                 f"{num_layers} layer indices; convert the model again")
+        layers = tuple(_bounded_int(i, "a cache.kv_layers index", meta_path, 0, num_layers - 1) for i in layers)
+    states = c.get("states") or {}
+    if not isinstance(states, dict) or len(states) > num_layers:
+        raise GeneratorError(f"{meta_path}: cache.states is {str(states)[:80]}, not a map of at most {num_layers} "
+                             "state names to shapes; convert the model again")
+    checked = []
+    for name, shape in states.items():
+        if not (isinstance(name, str) and name.replace("_", "").isalnum() and len(name) <= 64) or \
+                not isinstance(shape, list) or not 1 <= len(shape) <= 4:
+            raise GeneratorError(f"{meta_path}: cache.states entry {str(name)[:64]!r}: {str(shape)[:80]} is not "
+                                 "a state name and a shape of 1 to 4 sizes; convert the model again")
+        checked.append((name, tuple(_bounded_int(d, f"cache.states.{name}", meta_path, 1, 1 << 24) for d in shape)))
+    return layers, tuple(checked)
 
 
 def _check_cache(spec, inputs: dict, meta_path: str, model: str) -> None:
     """lm.json's caches are the model's own: every kv_cache_* input of its decode signature, the same shape and
     dtype, and nothing more (the loop allocates what lm.json says; the model file, checked, says what it is)."""
     want = {n: (tuple(shape), str(spec.dtype).replace("torch.", "")) for n, shape in spec.shapes().items()}
-    have = {n: v for n, v in inputs.items() if n.startswith("kv_cache_")}
+    have = {n: v for n, v in inputs.items() if n not in ("tokens", "input_pos")}  # the state: all the rest
     if want != have:
         diff = sorted(set(want.items()) ^ set(have.items()))[:2]
         width = spec.head_dim if spec.v_width == spec.head_dim else f"{spec.head_dim} (K) / {spec.v_width} (V)"
