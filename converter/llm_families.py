@@ -28,11 +28,19 @@ def cache_heads(cfg) -> tuple[int, int]:
         if cfg.new_decoder_architecture:
             return cfg.num_kv_heads, heads // cfg.num_kv_heads
         return (1 if cfg.multi_query else heads), 1
+    if getattr(cfg, "model_type", None) == "gpt_bigcode":  # SantaCoder / StarCoder: multi-query, no KV head count
+        return (1 if cfg.multi_query else heads), 1
     return getattr(cfg, "num_key_value_heads", None) or heads, 1
 
 
 def refuse_unexported_config(cfg) -> None:
     """Raise UnsupportedModelError for a config feature the export does not compute."""
+    if getattr(cfg, "model_type", None) == "gpt_neo" and "local" in (getattr(cfg, "attention_layers", None) or ()):
+        # GPT-Neo's attention is its own (not transformers' attention interface) and its local layers slice a
+        # causal-window buffer by the key count, which over a fixed-length cache counts from the cache's end
+        raise UnsupportedModelError("gpt_neo with 'local' attention layers (a window its own attention cuts from "
+                                    "the key count, not the positions) has no KV-cache export; GPT-Neo with only "
+                                    "'global' layers exports")
     if getattr(cfg, "model_type", None) == "falcon" and getattr(cfg, "alibi", False):
         # its alibi bias is built from a 2-D padding mask over the cache (build_alibi_tensor); the export's mask
         # is the 4-D one from the positions

@@ -23,6 +23,7 @@ __all__ = ["cache_write", "grouped_attention"]
 
 @torch.library.custom_op("tpu_export::cache_write", mutates_args=())
 def cache_write(cache: torch.Tensor, update: torch.Tensor, pos: torch.Tensor, dim: int) -> torch.Tensor:
+    _check_update(cache, update, dim)
     n, size = update.shape[dim], cache.shape[dim]
     start = min(max(int(pos.reshape(-1)[0]), 0), size - n)
     out = cache.clone()
@@ -32,7 +33,17 @@ def cache_write(cache: torch.Tensor, update: torch.Tensor, pos: torch.Tensor, di
 
 @cache_write.register_fake
 def _(cache, update, pos, dim):
+    _check_update(cache, update, dim)  # the capture runs this one, not the eager body
     return torch.empty_like(cache)
+
+
+def _check_update(cache, update, dim: int) -> None:
+    """An update must match the cache outside ``dim``: eager's copy would broadcast a narrower one (one KV head into
+    all of them) where the backends' dynamic-update-slice writes only its own extent, a silent difference."""
+    if update.ndim != cache.ndim or any(u != c for i, (u, c) in enumerate(zip(update.shape, cache.shape))
+                                        if i != dim):
+        raise ValueError(f"cache_write: an update of shape {tuple(update.shape)} into a cache of "
+                         f"{tuple(cache.shape)} differs outside dim {dim}")
 
 
 def grouped_attention(query, key, value, mask, scale, *, softcap=None, sinks=None):

@@ -76,9 +76,9 @@ def test_a_failure_inside_the_modeling_code_names_the_family_and_its_line():
     line = next(i for i, src in enumerate(open(modeling.__file__).read().splitlines(), 1)
                 if src.lstrip().startswith("x1 = x[..., : x.shape[-1] // 2]"))
     assert text.startswith("llama (LlamaForCausalLM) does not export yet: its modeling code fails under the KV-cache "
-                           f"export in rotate_half (transformers/models/llama/modeling_llama.py:{line}): AttributeError: "
-                           "'NoneType' object has no attribute 'shape'; the families that export are listed in "
-                           "docs/llm.md#families"), text
+                           f"export in rotate_half (transformers/models/llama/modeling_llama.py:{line}): "
+                           "AttributeError: 'NoneType' object has no attribute 'shape'; the families that export "
+                           "are listed in docs/llm.md#families"), text
     assert "\n" not in text and not INTERNAL.search(text), text
 
 

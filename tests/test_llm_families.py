@@ -39,6 +39,13 @@ _BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden
 _SLIDE = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 _MHA = dict(num_key_value_heads=None)  # families without GQA (a key/value head count they would not read)
 _MOE = dict(num_local_experts=4, num_experts_per_tok=2)
+# multi-head latent attention: the latent (32), the rope key (16), the no-rope key (16) and V (24) all differ
+_MLA = dict(num_hidden_layers=3, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=16,
+            qk_nope_head_dim=16, v_head_dim=24, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+            first_k_dense_replace=1, moe_intermediate_size=32)
+# DeepSeek-V3's YaRN (mscale 1, mscale_all_dim 1: the softmax scale grows too), scaled for 256 positions
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32.0,
+         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
 
 
 def _sinks(model):
@@ -155,6 +162,36 @@ FAMILIES = [
     Family("DiffLlama", "diffllama", {}, "differential attention (two softmaxes, their difference)"),
     Family("PhiMoE", "phimoe", {**_MOE, "sliding_window": 8}, "top-2 of 4 experts (sparsemixer), every layer slides",
            off={"sliding_window": None}, seed=1),
+    Family("GPT-BigCode", "gpt_bigcode", {**_MHA, "multi_query": True}, "multi-query attention: one KV head cached"),
+    Family("Falcon", "falcon", {"new_decoder_architecture": True, "num_kv_heads": 2, "ffn_hidden_size": 128,
+                                "alibi": False},
+           "each KV head broadcast to its query group before the cache, cached once; parallel attention + MLP"),
+    Family("Falcon 7B", "falcon", {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
+                                   "ffn_hidden_size": 128, "alibi": False, "tie_word_embeddings": True},
+           "multi-query attention, one LayerNorm shared by attention and MLP"),
+    Family("Llama 4 text", "llama4_text", {"attention_chunk_size": None, "num_hidden_layers": 4, "head_dim": 16,
+                                           "intermediate_size": 64, "intermediate_size_mlp": 128, **_MOE,
+                                           "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+                                           "floor_scale": 4, "attn_scale": 0.5},
+           "NoPE layers with attention temperature tuning, QK L2 norm, MoE with a shared expert",
+           off={"attn_temperature_tuning": False}),
+    Family("Llama 4 chunked", "llama4_text", {"attention_chunk_size": 8, "num_hidden_layers": 4, "head_dim": 16,
+                                              "intermediate_size": 64, "intermediate_size_mlp": 128, **_MOE,
+                                              "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+                                              "floor_scale": 4, "attn_scale": 0.5},
+           "chunked local attention (8-slot chunks) beside global NoPE layers",
+           off={"layer_types": ["full_attention"] * 4}),
+    Family("DeepSeek-V3", "deepseek_v3", {**_MLA, "n_group": 2, "topk_group": 1, "routed_scaling_factor": 2.5,
+                                          "norm_topk_prob": True, "rope_parameters": _YARN},
+           "MLA with the compressed latent cached, grouped top-k routing with a router bias, shared expert, YaRN",
+           seed=2),
+    Family("DeepSeek-V2", "deepseek_v2", {**_MLA, "topk_method": "group_limited_greedy", "n_group": 2,
+                                          "topk_group": 1, "routed_scaling_factor": 2.0, "rope_parameters": _YARN},
+           "MLA (complex RoPE), group-limited greedy routing"),
+    Family("Moonlight", "deepseek_v3", {**_MLA, "q_lora_rank": None, "n_group": 1, "topk_group": 1,
+                                        "routed_scaling_factor": 2.446, "norm_topk_prob": True,
+                                        "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}},
+           "MLA without a query low-rank projection (Kimi / Moonlight's DeepSeek-V3 layout)"),
 ]
 BY_ID = {f.id: f for f in FAMILIES}
 assert len(BY_ID) == len(FAMILIES), "two rows with the same id"

@@ -42,3 +42,27 @@ def test_an_attention_feature_we_do_not_export_is_refused_by_name(config_class, 
 def test_sinks_and_softcapping_of_the_checked_families_convert(config_class, model_class, extra):
     _, spec = prepare_lm(_model(config_class, model_class, **extra), prefill_lengths=(8,), cache_len=32)
     assert spec.shape == (1, 2, 32, 8)
+
+
+def test_gpt_neo_local_layers_are_refused_by_name():
+    # GPT-Neo's own attention (no attention interface to hook) cuts its local window from the key count, which over
+    # a fixed-length cache counts from the cache's end: it would convert and generate the wrong text
+    cfg = transformers.GPTNeoConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, window_size=8,
+                                    attention_types=[[["global", "local"], 1]], max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.GPTNeoForCausalLM(cfg).eval()
+    with pytest.raises(UnsupportedModelError, match=r"^gpt_neo with 'local' attention layers .* GPT-Neo with only "
+                                                    r"'global' layers exports$"):
+        prepare_lm(model, prefill_lengths=(8,), cache_len=32)
+    cfg.attention_layers = ["global", "global"]
+    _, spec = prepare_lm(transformers.GPTNeoForCausalLM(cfg).eval(), prefill_lengths=(8,), cache_len=32)
+    assert spec.kv_heads == 4
+
+
+def test_a_cache_update_narrower_than_the_cache_is_refused_at_capture():
+    # eager's copy would broadcast one KV head into all of them; the backends' update writes only its own extent
+    from tpu_export.converter.llm_ops import cache_write
+
+    with pytest.raises(ValueError, match=r"cache_write: an update of shape \(1, 1, 2, 8\) into a cache of "
+                                         r"\(1, 4, 16, 8\) differs outside dim 2"):
+        cache_write(torch.zeros(1, 4, 16, 8), torch.ones(1, 1, 2, 8), torch.tensor([0]), 2)
