@@ -59,6 +59,18 @@ CONFIGS = {
         vocab_size=65536, hidden_size=640, intermediate_size=2048, num_hidden_layers=10, num_attention_heads=4,
         num_key_value_heads=1, head_dim=256, sliding_window=512, max_position_embeddings=4096,
         layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(10)])),
+    # DeepSeek-V3's layout at ~105 M: MLA (latent 256, rope key 32, 12 heads of 64+32 / V 64), 4 routed experts of 512
+    # (top-2 in 2 groups, 1 group kept) plus a shared one, the first layer dense
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        vocab_size=32000, hidden_size=768, intermediate_size=2048, moe_intermediate_size=512, num_hidden_layers=8,
+        num_attention_heads=12, num_key_value_heads=12, kv_lora_rank=256, q_lora_rank=384, qk_rope_head_dim=32,
+        qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+        n_shared_experts=1, first_k_dense_replace=1, max_position_embeddings=4096, tie_word_embeddings=False)),
+    # LFM2's hybrid layout at ~100 M: short convolutions (L_cache 3) on 6 of 10 layers, GQA attention on the rest
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=10, num_attention_heads=12,
+        num_key_value_heads=4, conv_L_cache=3, max_position_embeddings=4096, tie_word_embeddings=False,
+        layer_types=["conv", "conv", "full_attention"] * 3 + ["conv"])),
     "tiny": ("LlamaConfig", "LlamaForCausalLM", dict(  # a smoke test of this script, seconds
         vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=False)),
@@ -192,6 +204,16 @@ def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache
         cmd += [] if quant == "float" else ["--quantize", quant]
         info = run_measured(cmd, rss_limit_mb=rss_limit_mb)
         info["bundle"] = os.path.join(out, "android", "model.litertlm")
+        if "error" not in info:
+            with open(os.path.join(out, "summary.json")) as f:
+                summary = json.load(f)
+            cache = summary.get("cache", {})
+            info["cache_bytes_per_token"] = cache.get("bytes_per_token")
+            info["plain_kv_bytes_per_token"] = cache.get("plain_kv_bytes_per_token")
+            missing = summary["targets"]["android"].get("not_written", {}).get("model.litertlm")
+            if missing:  # a family the engine cannot run: the .tflite's figures, no engine runs
+                info["no_bundle"] = missing
+                info["bundle"] = os.path.join(out, "android", "model.tflite")
     else:
         cmd = [peer_py, os.path.join(ROOT, "bench", "_llm_peer_worker.py"), model_dir, out, "32", str(cache),
                PEER_RECIPES[quant]]
@@ -199,6 +221,9 @@ def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache
         info.setdefault("bundle", os.path.join(out, "model.litertlm"))
     if "error" not in info:
         info["size_mb"] = os.path.getsize(info["bundle"]) / 2**20
+        if info.pop("no_bundle", None) is not None:
+            info["note"] = "no .litertlm (the engine has no place for its state): size of the .tflite"
+            info.pop("bundle")
         for folder, _, files in os.walk(out):  # only the bundle runs: a 0.84 B float .tflite is 3.3 GB of disk
             for f in files:
                 if f.endswith(".tflite"):
@@ -345,7 +370,28 @@ def main():
             rows.append(row)
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    _merge_results(rows)
     report(rows, a)
+
+
+RESULTS = os.path.join(ROOT, "bench", "results", "llm.json")
+
+
+def _merge_results(rows) -> None:
+    """bench/results/llm.json: this run's rows replace the same (model, quant) of earlier runs."""
+    old = []
+    if os.path.exists(RESULTS):
+        with open(RESULTS) as f:
+            old = json.load(f)["rows"]
+    keep = [r for r in old if (r["model"], r["quant"]) not in {(n["model"], n["quant"]) for n in rows}]
+    slim = [{k: v for k, v in r.items()} for r in rows]
+    for r in slim:
+        for impl in ("ours", "peer"):
+            if isinstance(r.get(impl), dict) and isinstance(r[impl].get("engine"), dict):
+                r[impl]["engine"] = {k: v for k, v in r[impl]["engine"].items() if k not in ("text", "prompt_ids")}
+    with open(RESULTS + ".tmp", "w") as f:
+        json.dump({"command": " ".join(sys.argv), "rows": keep + slim}, f, indent=1)
+    os.replace(RESULTS + ".tmp", RESULTS)
 
 
 def report(rows, a):
