@@ -206,6 +206,9 @@ def drive(a) -> None:
                 n += 1
                 key = {"model": model, "target": target, "topology": topology or "1x1", "dtype": dtype,
                        "precision": prec}
+                # a run of some sides (--sides ours_tpu) keeps the row's earlier runs of the other sides
+                before = [x for x in results["rows"] if {k: x[k] for k in key} == key]
+                runs = [r for x in before for r in x["runs"] if r["side"] not in sides] + runs
                 row = {**key, "runs": runs, "summary": summarize(runs)}
                 results["rows"] = [x for x in results["rows"] if {k: x[k] for k in key} != key] + [row]
                 save_results(results)
