@@ -15,7 +15,7 @@ import struct
 
 from tpu_export.converter.untrusted import UntrustedFileError, open_regular
 
-__all__ = ["TfliteFormatError", "check_tflite", "read_tflite", "map_tflite"]
+__all__ = ["TfliteFormatError", "check_tflite", "read_tflite", "map_tflite", "open_interpreter"]
 
 
 class TfliteFormatError(ValueError):
@@ -483,3 +483,18 @@ class _Checker:
                 if name is None or x >= n_tensors[sg]:
                     raise _Bad(f"signature {key!r}: {name!r} points at tensor {x}, "
                                f"but subgraph {sg} has {n_tensors[sg]}")
+
+
+def open_interpreter(source: str, *, path=None, content=None, **options):
+    """The LiteRT interpreter over a .tflite already checked (``check_tflite``): from ``path`` (it maps the file
+    itself, the large-model form included) or from the bytes ``content``; ``options`` go to the Interpreter. One it
+    refuses (an op its kernels lack, a tensor it cannot prepare) is a TfliteFormatError naming ``source``."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tpu_export.converter.errors import one_line
+
+    try:
+        return Interpreter(model_path=path, **options) if path is not None else \
+            Interpreter(model_content=content, **options)
+    except (RuntimeError, ValueError) as e:
+        raise TfliteFormatError(f"{source}: the LiteRT interpreter refused the model: {one_line(e)}") from e

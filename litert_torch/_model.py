@@ -127,17 +127,11 @@ class Model:
     def _runner(self, name):
         """The signature's runner on the Model's one interpreter; call it holding ``self._lock``."""
         if self._interpreter is None:
-            from ai_edge_litert.interpreter import Interpreter
+            from tpu_export.edge.tflite_check import open_interpreter
 
-            from tpu_export.edge.tflite_check import TfliteFormatError
-
-            try:
-                # from a path the interpreter maps the file itself (large-model form included)
-                self._interpreter = (Interpreter(model_path=self._path) if self._path is not None
-                                     else Interpreter(model_content=self._data))
-            except (RuntimeError, ValueError) as e:  # e.g. an op its kernels do not have
-                raise TfliteFormatError(f"{self._source}: the LiteRT interpreter refused the model: "
-                                        f"{one_line(e)}") from e
+            # from a path the interpreter maps the file itself (large-model form included)
+            self._interpreter = (open_interpreter(self._source, path=self._path) if self._path is not None
+                                 else open_interpreter(self._source, content=self._data))
         if name not in self._runners:
             self._runners[name] = self._interpreter.get_signature_runner(name)
         return self._runners[name]

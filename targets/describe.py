@@ -7,8 +7,6 @@ import os
 import re
 from collections import Counter
 
-from tpu_export.converter.errors import one_line
-
 __all__ = ["describe", "describe_tflite", "describe_artifact"]
 
 
@@ -24,23 +22,18 @@ def _fmt_hist(hist: dict, indent="    ") -> list[str]:
 
 
 def describe_tflite(path: str) -> str:
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    from ai_edge_litert.interpreter import OpResolverType
 
-    from tpu_export.edge.tflite_check import TfliteFormatError, map_tflite
+    from tpu_export.edge.tflite_check import map_tflite, open_interpreter
 
     # Mapped, not read: a multi-GB model costs no memory to describe (only its tables are touched).
     # A regular file, checked first: the interpreter trusts the flatbuffer (a bad one crashes it).
     data = map_tflite(path, check=True)
     try:
-        try:
-            # The interpreter maps the file too; without the default XNNPACK delegate it never
-            # repacks the weights (which would copy every one) just to list the signatures.
-            it = Interpreter(model_path=path,
-                             experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-        except (RuntimeError, ValueError) as e:
-            raise TfliteFormatError(
-                f"{path}: the LiteRT interpreter refused the model: {one_line(e)}"
-            ) from e
+        # The interpreter maps the file too; without the default XNNPACK delegate it never
+        # repacks the weights (which would copy every one) just to list the signatures.
+        it = open_interpreter(path, path=path,
+                              experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
         return _describe_mapped(path, data, it)
     finally:
         data.close()

@@ -19,10 +19,7 @@ class TfliteLM:
     shares its tensors between calls."""
 
     def __init__(self, path: str):
-        from ai_edge_litert.interpreter import Interpreter
-
-        from tpu_export.converter.errors import one_line
-        from tpu_export.edge.tflite_check import TfliteFormatError, map_tflite
+        from tpu_export.edge.tflite_check import map_tflite, open_interpreter
 
         from .tflite_io import signatures
 
@@ -31,10 +28,7 @@ class TfliteLM:
             self.signatures = signatures(mapped)
         finally:
             mapped.close()
-        try:
-            self._interpreter = Interpreter(model_path=path)  # maps the file itself; weights paged in as read
-        except (RuntimeError, ValueError) as e:
-            raise TfliteFormatError(f"{path}: the LiteRT interpreter refused the model: {one_line(e)}") from e
+        self._interpreter = open_interpreter(path, path=path)  # maps the file itself; weights paged in as read
         self._path = path
         self._runners: dict = {}
         self._lock = threading.Lock()
