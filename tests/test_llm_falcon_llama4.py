@@ -18,21 +18,15 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.llm_exported_checks import CACHE, EOS, NEW, PROMPT, check_engine, check_greedy, check_prefill_logits  # noqa: E402
 from tests.llm_models import SPECIAL, VOCAB, tiny_tokenizer  # noqa: E402
 from tpu_export import litert_torch, tpu_backend  # noqa: E402
 from tpu_export.converter.llm import KVCacheLM, prepare_lm  # noqa: E402
 from tpu_export.converter.numerics import rel_err  # noqa: E402
-from tpu_export.generate import greedy_generate  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
-CACHE = 64
-NEW = 32
-EOS = 2
 CHUNK = 8
-# 14 tokens of tests.llm_models' tokenizer: past the 8-slot chunk, inside prefill_16
-PROMPT = "hello world, the cache holds keys and values; the decoder reads"
-
 # initializer_range 0.2 (not 0.02): attention scores of a few units, so the chunking and the temperature change
 # the logits (test_the_feature_changes_the_logits) and a match says they are computed
 _TOKENS = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=EOS, initializer_range=0.2,
@@ -137,36 +131,17 @@ def test_converter_prefill_and_decode_logits_match_eager(exported):
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_prefill_logits_match_eager(exported, backend):
     """A 14-token prompt padded into prefill_16."""
-    ids, spec = exported["ids"], exported["spec"]
-    tokens = torch.zeros(1, 16, dtype=torch.int32)
-    tokens[0, :14] = ids[0]
-    out = exported["rts"][backend](tokens, torch.arange(16, dtype=torch.int32), signature_name="prefill_16",
-                                   **spec.zeros())
-    assert rel_err(torch.as_tensor(out["logits"])[:, :14], exported["eager"]) <= 1e-4
+    check_prefill_logits(exported, backend)
 
 
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_greedy_tokens_match_transformers_generate(exported, backend):
-    got = greedy_generate(exported["rts"][backend], exported["spec"], exported["ids"], NEW, eos_token_id=EOS)
-    assert got == exported["want"]
+    check_greedy(exported, backend)
 
 
 @pytest.mark.engine
 def test_engine_generates_like_transformers(exported, tmp_path):
-    litert_lm = pytest.importorskip("litert_lm")
-    pytest.importorskip("litert_lm_builder")
-    from tpu_export.edge.litertlm import write_litertlm
-
-    tok = tiny_tokenizer()
-    tok_path = tmp_path / "tok"
-    tok.save_pretrained(tok_path)
-    path = write_litertlm(tmp_path / "lm.litertlm", exported["lite"], tokenizer_json=tok_path / "tokenizer.json",
-                          stop_token_ids=[EOS], max_num_tokens=CACHE, cache_spec=exported["spec"])
-    engine = litert_lm.Engine(str(path), max_num_tokens=CACHE)
-    session = engine.create_session(apply_prompt_template=False, sampler_config=litert_lm.SamplerConfig(top_k=1),
-                                    max_output_tokens=NEW)
-    session.run_prefill([PROMPT])
-    assert session.run_decode().texts[0] == tok.decode(exported["want"])
+    check_engine(exported, tmp_path)
 
 
 def test_convert_lm_checks_its_artifacts_against_transformers(exported, tmp_path):

@@ -16,19 +16,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from tests.llm_exported_checks import CACHE, EOS, NEW, PROMPT, check_engine, check_greedy, check_prefill_logits  # noqa: E402
 from tests.llm_models import VOCAB, greedy_reference, tiny_tokenizer  # noqa: E402
 from tpu_export import litert_torch, tpu_backend  # noqa: E402
 from tpu_export.converter.errors import UnsupportedModelError  # noqa: E402
 from tpu_export.converter.llm import KVCacheLM, prepare_lm  # noqa: E402
 from tpu_export.converter.llm_mla import kv_bytes_per_token  # noqa: E402
 from tpu_export.converter.numerics import rel_err  # noqa: E402
-from tpu_export.generate import greedy_generate  # noqa: E402
-
-CACHE = 64
-NEW = 32
-EOS = 2
-# 14 tokens of tests.llm_models' tokenizer, inside prefill_16
-PROMPT = "hello world, the cache holds keys and values; the decoder reads"
 
 # v_head_dim (24) differs from qk_nope_head_dim (16) and the latent (32) from both: a width mixed up fails.
 # initializer_range 0.2 (not 0.02) gives attention scores and router scores of a few units.
@@ -115,19 +109,13 @@ def test_converter_prefill_and_decode_logits_match_eager(exported):
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_prefill_logits_match_eager(exported, backend):
     """A 14-token prompt padded into prefill_16: the logits of its rows."""
-    ids, spec = exported["ids"], exported["spec"]
-    tokens = torch.zeros(1, 16, dtype=torch.int32)
-    tokens[0, :14] = ids[0]
-    out = exported["rts"][backend](tokens, torch.arange(16, dtype=torch.int32), signature_name="prefill_16",
-                                   **spec.zeros())
-    assert rel_err(torch.as_tensor(out["logits"])[:, :14], exported["eager"]) <= 1e-4
+    check_prefill_logits(exported, backend)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_greedy_tokens_match_transformers_generate(exported, backend):
-    got = greedy_generate(exported["rts"][backend], exported["spec"], exported["ids"], NEW, eos_token_id=EOS)
-    assert got == exported["want"]
+    check_greedy(exported, backend)
 
 
 @pytest.mark.slow
@@ -195,20 +183,7 @@ def test_the_experts_export_with_static_shapes(exported):
 def test_engine_generates_like_transformers(exported, tmp_path):
     """The LiteRT-LM engine allocates each cache from the .tflite's own tensor of that name: K and V of different
     widths run as any other cache."""
-    litert_lm = pytest.importorskip("litert_lm")
-    pytest.importorskip("litert_lm_builder")
-    from tpu_export.edge.litertlm import write_litertlm
-
-    tok = tiny_tokenizer()
-    tok_path = tmp_path / "tok"
-    tok.save_pretrained(tok_path)
-    path = write_litertlm(tmp_path / "lm.litertlm", exported["lite"], tokenizer_json=tok_path / "tokenizer.json",
-                          stop_token_ids=[EOS], max_num_tokens=CACHE, cache_spec=exported["spec"])
-    engine = litert_lm.Engine(str(path), max_num_tokens=CACHE)
-    session = engine.create_session(apply_prompt_template=False, sampler_config=litert_lm.SamplerConfig(top_k=1),
-                                    max_output_tokens=NEW)
-    session.run_prefill([PROMPT])
-    assert session.run_decode().texts[0] == tok.decode(exported["want"])
+    check_engine(exported, tmp_path)
 
 
 # each row moves transformers' own logits, so the matches above say DeepSeek's routing is computed, not ignored
