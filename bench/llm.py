@@ -3,6 +3,7 @@ the same saved model directories, prefill 32, cache length and quantization, in 
 
     .venv/bin/python bench/llm.py [--models llama,gemma3] [--big] [--quant float,dynamic_int8] [--cache 1024]
                                   [--threads 1] [--blocks 3] [--decode 64] [--keep DIR] [--ours-only] [--convert-only]
+    .venv/bin/python bench/llm.py --render     # docs/llm_bench.md from bench/results/llm.json
 
 Model directories (random weights, seeded, written by this script): a Llama-style ~110 M (vocab 32000, hidden 768,
 10 layers, GQA 12/4 heads, untied) and a Gemma-3-style ~100 M (vocab 65536 tied and scaled, hidden 640, 10 layers,
@@ -21,6 +22,11 @@ run in a fresh process, ours and the peer's alternating in --blocks blocks (the 
 prefill ms of a 24-word prompt, decode ms per token (median of the intervals between streamed tokens), and the
 greedy tokens, compared with transformers' generate(do_sample=False)
 on the ids that engine fed (the peer's bundle makes the engine prepend <bos>; ours tokenizes as tokenizer.json).
+A model for which convert-lm writes no .litertlm (LFM2: the engine carries only KV caches) runs its .tflite through
+tpu_export.generate's loop on the LiteRT interpreter instead, marked so in the row (runtime "tflite loop"): not an
+engine figure. A peer that refuses a model leaves its exception type and message in the row, one line, beside
+ours' figures. Rows (with their date and command) merge into bench/results/llm.json; --render writes
+docs/llm_bench.md from it.
 Goals, ours/peer: conversion <= 1/3 the time, peak RSS <= 0.7x, decode ms/token <= 0.90x, size <= 1.01x; float
 greedy agreement 100%.
 """
@@ -66,7 +72,7 @@ CONFIGS = {
         num_attention_heads=12, num_key_value_heads=12, kv_lora_rank=256, q_lora_rank=384, qk_rope_head_dim=32,
         qk_nope_head_dim=64, v_head_dim=64, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
         n_shared_experts=1, first_k_dense_replace=1, max_position_embeddings=4096, tie_word_embeddings=False)),
-    # LFM2's hybrid layout at ~100 M: short convolutions (L_cache 3) on 6 of 10 layers, GQA attention on the rest
+    # LFM2's hybrid layout at ~118 M: short convolutions (L_cache 3) on 7 of 10 layers, GQA attention on the rest
     "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
         vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=10, num_attention_heads=12,
         num_key_value_heads=4, conv_L_cache=3, max_position_embeddings=4096, tie_word_embeddings=False,
@@ -218,15 +224,18 @@ def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache
         cmd = [peer_py, os.path.join(ROOT, "bench", "_llm_peer_worker.py"), model_dir, out, "32", str(cache),
                PEER_RECIPES[quant]]
         info = run_measured(cmd, rss_limit_mb=rss_limit_mb)
-        info.setdefault("bundle", os.path.join(out, "model.litertlm"))
+        if "error" in info:
+            info.pop("bundle", None)
+        else:
+            info.setdefault("bundle", os.path.join(out, "model.litertlm"))
     if "error" not in info:
         info["size_mb"] = os.path.getsize(info["bundle"]) / 2**20
         if info.pop("no_bundle", None) is not None:
-            info["note"] = "no .litertlm (the engine has no place for its state): size of the .tflite"
-            info.pop("bundle")
+            # the .tflite is what runs: tpu_export.generate's loop on the LiteRT interpreter, not the engine
+            info["note"] = "no .litertlm (the engine carries only KV caches): size of the .tflite"
         for folder, _, files in os.walk(out):  # only the bundle runs: a 0.84 B float .tflite is 3.3 GB of disk
             for f in files:
-                if f.endswith(".tflite"):
+                if f.endswith(".tflite") and os.path.join(folder, f) != info["bundle"]:
                     os.remove(os.path.join(folder, f))
     return info
 
@@ -260,6 +269,29 @@ def engine_worker(bundle: str, prompt: str, threads: int, decode: int):
     eng.close()
 
 
+def loop_worker(model: str, prompt: str, decode: int):
+    """In a fresh process: our .tflite through tpu_export.generate's loop (LoopGenerator: the LiteRT interpreter,
+    XNNPACK, with lm.json's caches and states), for a model the engine cannot run. Greedy, `decode` tokens after a
+    warm-up call of each signature; one JSON line with the loop's own prefill and decode timings and the tokens."""
+    from tpu_export.generators import LoopGenerator
+
+    t0 = time.perf_counter()
+    gen = LoopGenerator.from_artifact(model)
+    t1 = time.perf_counter()
+    c1 = time.process_time()
+    res = gen.generate(prompt, decode)
+    cpu = time.process_time() - c1
+    steps = max(res.new_tokens - 1, 1)  # the first new token comes from the prefill step's decode call
+    print(json.dumps({
+        "runtime": "tflite loop", "init_s": t1 - t0, "prefill_ms": res.prefill_ms, "prefill_tokens": res.prompt_tokens,
+        "decode_ms": 1e3 / res.decode_tokens_per_s if res.decode_tokens_per_s else None,
+        "decode_tokens": res.new_tokens, "prefill_wall_ms": res.prefill_ms,
+        # the process's CPU time over the whole call (warm-up, prefill, decode) per decode step: an upper bound
+        "cpu_ms_per_step_all": cpu * 1e3 / steps, "decode_wall_ms_per_token": 1e3 / res.decode_tokens_per_s
+        if res.decode_tokens_per_s else None, "warm_up_ms": res.warm_up_ms, "tokens": res.tokens,
+        "prompt_ids": gen.encode(prompt), "bos": None}))
+
+
 def ids_of(text: str) -> list[int]:
     words = {w: i for i, w in enumerate(SPECIALS)}
     found = re.finditer(r"t(\d+)|<pad>|<bos>|<eos>|<unk>", text)
@@ -277,7 +309,7 @@ def agreement(model_dir: str, runs: dict, n: int) -> dict:
         fed = ([r["bos"]] if r.get("bos") is not None else []) + r["prompt_ids"]
         with torch.no_grad():
             want = model.generate(torch.tensor([fed]), max_new_tokens=n, do_sample=False)[0, len(fed):].tolist()
-        got = ids_of(r["text"])[:n]
+        got = (r["tokens"] if r.get("tokens") is not None else ids_of(r["text"]))[:n]
         out[impl] = sum(a == b for a, b in zip(got, want)) / n
     return out
 
@@ -288,7 +320,8 @@ def engine_runs(bundles: dict, prompt: str, threads: int, decode: int, blocks: i
         from llm_decode_ab import evict
 
         evict(bundle)  # read fresh each run: the page cache's 2 MiB mappings of the XNNPACK cache move decode 10-20%
-        return run_measured([sys.executable, os.path.abspath(__file__), "--engine-worker", bundle, "--prompt", prompt,
+        worker = "--loop-worker" if bundle.endswith(".tflite") else "--engine-worker"
+        return run_measured([sys.executable, os.path.abspath(__file__), worker, bundle, "--prompt", prompt,
                              "--threads", str(threads), "--decode", str(decode)], timeout=1800)
 
     runs = {impl: [] for impl in bundles}
@@ -326,14 +359,21 @@ def main():
     ap.add_argument("--convert-only", action="store_true",
                     help="conversions only (time, RSS, size): no engine runs, no agreement")
     ap.add_argument("--report", help="print the table of a results.json written by an earlier run")
+    ap.add_argument("--render", action="store_true",
+                    help="only rewrite docs/llm_bench.md from bench/results/llm.json (bench/_llm_page.py)")
     ap.add_argument("--engine-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--loop-worker", help=argparse.SUPPRESS)
     ap.add_argument("--prompt", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.engine_worker:
         return engine_worker(a.engine_worker, a.prompt, a.threads, a.decode)
+    if a.loop_worker:
+        return loop_worker(a.loop_worker, a.prompt, a.decode)
     if a.report:
         with open(a.report) as f:
             return report(json.load(f), a)
+    if a.render:
+        return _render()
     import random
 
     peer_py = None if a.ours_only else ensure_peer()
@@ -371,6 +411,7 @@ def main():
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
     _merge_results(rows)
+    _render()
     report(rows, a)
 
 
@@ -384,14 +425,43 @@ def _merge_results(rows) -> None:
         with open(RESULTS) as f:
             old = json.load(f)["rows"]
     keep = [r for r in old if (r["model"], r["quant"]) not in {(n["model"], n["quant"]) for n in rows}]
-    slim = [{k: v for k, v in r.items()} for r in rows]
+    # each row names the run that measured it: rows of several runs live side by side in the file
+    run = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["bench/llm.py"] + sys.argv[1:]),
+           "host": {"cpus": os.cpu_count(), "versions": _versions()}}
+    slim = [{**r, **run} for r in rows]
     for r in slim:
         for impl in ("ours", "peer"):
             if isinstance(r.get(impl), dict) and isinstance(r[impl].get("engine"), dict):
-                r[impl]["engine"] = {k: v for k, v in r[impl]["engine"].items() if k not in ("text", "prompt_ids")}
+                r[impl]["engine"] = {k: v for k, v in r[impl]["engine"].items()
+                                     if k not in ("text", "prompt_ids", "tokens")}
     with open(RESULTS + ".tmp", "w") as f:
-        json.dump({"command": " ".join(sys.argv), "rows": keep + slim}, f, indent=1)
+        json.dump({"rows": keep + slim}, f, indent=1)
     os.replace(RESULTS + ".tmp", RESULTS)
+
+
+def _render() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _llm_page
+
+    _llm_page.render(_llm_page.load_results())
+
+
+def _versions() -> dict:
+    from importlib import metadata
+
+    out = {}
+    for dist in ("torch", "transformers", "ai-edge-litert", "litert-lm-api"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    py = os.path.join(PEER_VENV, "bin", "python")
+    if os.path.exists(py):
+        r = subprocess.run([py, "-c", "import importlib.metadata as m; print(m.version('litert-torch'))"],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            out["litert-torch (peer)"] = r.stdout.strip()
+    return out
 
 
 def report(rows, a):
