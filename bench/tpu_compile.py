@@ -76,6 +76,7 @@ def _ours(side, module, args, target, dtype, precision, device, place):
     from tpu_export.targets.options import options_for
     from tpu_export.targets.registry import get_target
     from tpu_export.tpu_backend.aot_signature import compile_signature, signature_job
+    from tpu_export.tpu_backend.platform_specialize import for_platform
 
     t = get_target(target)
     kw = options_for(t.name, {"dtype": dtype, "precision": precision}).export_kwargs(t)
@@ -87,7 +88,8 @@ def _ours(side, module, args, target, dtype, precision, device, place):
          for j, a in zip(job["weights"], sig.exported.in_avals)]
     xs = [jax.ShapeDtypeStruct(tuple(j["shape"]), a.dtype, sharding=place)
           for j, a in zip(job["inputs"], sig.exported.in_avals[len(w):])]
-    text = jax.jit(sig.exported.call, keep_unused=True).lower(w, *xs).as_text()
+    # the module as the compile receives it: specialized to the device's platform
+    text = jax.jit(for_platform(sig.exported, device.platform).call, keep_unused=True).lower(w, *xs).as_text()
     c0, w0 = time.process_time(), time.perf_counter()
     _, fig = compile_signature(sig.exported, job, [device], None, None, t.name, "", (None, None))
     took = (time.process_time() - c0, time.perf_counter() - w0)

@@ -10,6 +10,7 @@ import re
 import time
 
 from .artifact.report import figures_of
+from .platform_specialize import for_platform
 from .sharding import named_sharding
 
 __all__ = ["AotError", "HbmOverflowError", "signature_job", "compile_signature"]
@@ -69,6 +70,7 @@ def compile_signature(exported, job: dict, devices, mesh, hbm, target, topology,
         return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=placed)
 
     name, n_w = job["name"], len(job["weights"])
+    exported = for_platform(exported, devices[0].platform)  # the compiler sees only that platform's program
     w_sds = [sds(w["shape"], a.dtype, w["sharding"]) for w, a in zip(job["weights"], exported.in_avals)]
     in_shapes = [list(i["shape"]) for i in job["inputs"]]
     in_sds = [sds(i["shape"], a.dtype, i["sharding"]) for i, a in zip(job["inputs"], exported.in_avals[n_w:])]

@@ -85,6 +85,12 @@ def _channels_last(x, w, stride, padding, dilation, groups, precision):
     return jnp.transpose(y, (0, 3, 1, 2))
 
 
+def _pointwise_on_one_pixel(x, weight, stride, padding, dilation, groups: int) -> bool:
+    """A dense 1x1 conv, unpadded, over a 1x1 input: ``y[n, o] = sum_i w[o, i] x[n, i]``."""
+    return (x.ndim == 4 and groups == 1 and tuple(x.shape[2:]) == (1, 1) and tuple(weight.shape[2:]) == (1, 1)
+            and not any(padding))
+
+
 def _im2col_faster_on_cpu(x, weight, groups: int) -> bool:
     """Where XLA:CPU's convolution is slower than the same matmul (one thread, jax 0.10.2, measured by
     bench/cpu_conv.py): every 1x1 conv (the matmul is 1.1-2.7x faster: MobileNet/ResNet-50 pointwise
@@ -114,7 +120,12 @@ def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, out
                 dimension_numbers=dn, feature_group_count=groups, precision=ctx.precision(),
             )
 
-        if nd == 2 and groups > 1 and groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1:
+        if _pointwise_on_one_pixel(x, weight, stride, padding, dilation, groups):
+            # a squeeze-excite layer: a matmul over channels, lowered as one, as a JAX model writes it (TPU
+            # compilers plan a convolution at 1x1 spatial size like any other; RegNetY's 32 of them on one v6e
+            # chip at float32 cost more compile time than the rest of the model)
+            y = jnp.einsum("oi,ni->no", weight[:, :, 0, 0], x[:, :, 0, 0], precision=ctx.precision())[:, :, None, None]
+        elif nd == 2 and groups > 1 and groups == x.shape[1] == weight.shape[0] and weight.shape[1] == 1:
             # XLA:CPU runs a depthwise conv ~10x slower than the same math as k*k fused multiply-adds;
             # TPUs and GPUs keep their native convolution.
             y = lax.platform_dependent(
