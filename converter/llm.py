@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from . import llm_conv
+from . import llm_conv, llm_state
 from .errors import ExportFailedError, UnsupportedModelError
 from .llm_errors import capture_failure, unsupported_layer_types
 from .llm_families import cache_heads, refuse_unexported_config
@@ -178,7 +178,7 @@ def _explicit_cache(layers):
 
     # a virtual subclass (CacheLayerMixin is an ABC): the Cache's queries dispatch to attention layers by isinstance
     CacheLayerMixin.register(_StateLayer)
-    llm_conv.register()
+    llm_state.register()
     return Cache(layers=layers)
 
 
@@ -203,8 +203,8 @@ class KVCacheLM(torch.nn.Module):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
         self.model = model.eval()
         self.layer_types = _layer_types(cfg)
-        self.convs = {i: name for i, name, _ in llm_conv.conv_states(model)} if self.layer_types and \
-            "conv" in self.layer_types else {}
+        # the layers whose state is not a KV cache (llm_state.KINDS): {index: (kind, ((name, shape), ...))}
+        self.stateful = llm_state.state_layers(model, self.layer_types)
         # a mixture of experts: transformers' default grouped_mm dispatch sorts tokens by expert (data-dependent
         # shapes, histc); its batched_mm gathers each token's top-k expert weights instead (static shapes, the
         # same numbers). This switches the given model object.
@@ -218,9 +218,9 @@ class KVCacheLM(torch.nn.Module):
         if mla is not None:
             kv_heads, head_dim, v_head_dim = 1, *mla
         kv_layers, states = None, ()
-        if self.convs:  # short convolutions: K/V for the attention layers only, a window of inputs for these
-            kv_layers = tuple(i for i in range(cfg.num_hidden_layers) if i not in self.convs)
-            states = tuple((name, shape) for _, name, shape in llm_conv.conv_states(model))
+        if self.stateful:  # K/V for the attention layers only, the other layers' own states for these
+            kv_layers = tuple(i for i in range(cfg.num_hidden_layers) if i not in self.stateful)
+            states = tuple(s for _, layer_states in self.stateful.values() for s in layer_states)
         self.spec = CacheSpec(cfg.num_hidden_layers, kv_heads,
                               int(cache_len), head_dim, dtype, int(batch), v_head_dim, kv_layers, states)
 
@@ -241,8 +241,8 @@ class KVCacheLM(torch.nn.Module):
             # no per-layer types: every layer slides when the config sets a window (Mistral, Phi-3, Mixtral)
             return _additive(causal if sliding is None else sliding, dtype)
         masks = {"full_attention": _additive(causal, dtype)}
-        if "conv" in self.layer_types:  # no padding mask: the pads follow the real rows (llm_conv)
-            masks["conv"] = None
+        for t in llm_state.layer_types(self.model.config):  # no padding mask: the pads follow the real rows
+            masks[t] = None
         if "sliding_attention" in self.layer_types:
             masks["sliding_attention"] = _additive(sliding, dtype)
         if "chunked_attention" in self.layer_types:  # transformers' chunked_overlay: the key in the query's chunk
@@ -275,22 +275,28 @@ class KVCacheLM(torch.nn.Module):
     def forward(self, tokens, input_pos, **caches):
         pos = input_pos.to(torch.long)
         window = self._window(pos, tokens.shape[1])
-        n_real = llm_conv.real_tokens(pos, tokens.shape[1]) if self.convs else None
-        layers = [llm_conv.ConvStateLayer(caches[self.convs[i]], n_real) if i in self.convs else
+        n_real = llm_conv.real_tokens(pos, tokens.shape[1]) if self.stateful else None
+        layers = [self._state_layer(i, caches, n_real) if i in self.stateful else
                   _StateLayer(caches[f"kv_cache_k_{i}"], caches[f"kv_cache_v_{i}"], pos,
                               window if self._slides(i) else None, self.repeats)
                   for i in range(self.spec.num_layers)]
         position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
-        with _grouped_query_sdpa(self.model.config), mla_attention(self.model):
+        with _grouped_query_sdpa(self.model.config), mla_attention(self.model), \
+                llm_state.scope(self.model, self.stateful, n_real):
             out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos, window),
                              position_ids=position_ids, cache=_explicit_cache(layers), use_cache=True)
         state = {}
         for i, layer in enumerate(layers):
-            if i in self.convs:
-                state[self.convs[i]] = layer.state
+            if i in self.stateful:
+                kind, layer_states = self.stateful[i]
+                state.update(zip((name for name, _ in layer_states), kind.outputs(layer)))
             else:
                 state[f"kv_cache_k_{i}"], state[f"kv_cache_v_{i}"] = layer.keys, layer.values
         return {"logits": out.logits, **{n: state[n] for n in self.spec.names()}}  # in the inputs' order
+
+    def _state_layer(self, i: int, caches, n_real):
+        kind, layer_states = self.stateful[i]
+        return kind.layer(tuple(caches[name] for name, _ in layer_states), n_real)
 
 
 _GQA_SDPA = "tpu_export_gqa_sdpa"
@@ -381,10 +387,10 @@ def _layer_types(cfg) -> list[str] | None:
     types = getattr(cfg, "layer_types", None)
     if types is None:
         return None
-    known = _LAYER_TYPES + (("conv",) if getattr(cfg, "model_type", None) in llm_conv.CONV_MODEL_TYPES else ())
+    known = _LAYER_TYPES + llm_state.layer_types(cfg)
     odd = sorted(set(types) - set(known))
     if odd:
-        raise unsupported_layer_types(cfg, odd, _LAYER_TYPES)
+        raise unsupported_layer_types(cfg, odd, _LAYER_TYPES, llm_state.families_of_layer_types())
     if "sliding_attention" in types and not getattr(cfg, "sliding_window", None):
         raise ValueError(f"{type(cfg).__name__}: sliding_attention layers but no sliding_window in the config")
     if "chunked_attention" in types and not getattr(cfg, "attention_chunk_size", None):

@@ -33,12 +33,15 @@ def family_of(model_or_config) -> str:
     return f"{kind} ({cls})" if cls else str(kind)
 
 
-def unsupported_layer_types(cfg, odd, supported) -> UnsupportedModelError:
-    """``cfg.layer_types`` holds types the export has no form for."""
+def unsupported_layer_types(cfg, odd, supported, elsewhere=None) -> UnsupportedModelError:
+    """``cfg.layer_types`` holds types the export has no form for in this family. ``elsewhere``: {layer type:
+    the families whose layers of that type export (their own modeling classes)}."""
     what = ", ".join(f"'{t}'" + (f" ({LAYER_KINDS[t]})" if t in LAYER_KINDS else "") for t in odd)
+    others = [f"{' and '.join(sorted(elsewhere[t]))}'s '{t}' layers" for t in odd if (elsewhere or {}).get(t)]
+    also = f", and so do {', '.join(others)}" if others else ""
     return UnsupportedModelError(
         f"{family_of(cfg)}: its {what} layers have no export yet; models whose layers are all "
-        f"{' or '.join(repr(s) for s in supported)} export (the families listed in {FAMILIES_DOC})")
+        f"{' or '.join(repr(s) for s in supported)} export{also} (the families listed in {FAMILIES_DOC})")
 
 
 def _root(exc: BaseException) -> BaseException:

@@ -25,12 +25,11 @@ INTERNAL = re.compile(r"_CachesOnly|KVCacheLM|_StateLayer|<string>|strict_export
 
 # families whose layers hold a recurrent state (refused by layer type, naming the kind of state)
 RECURRENT = [
-    ("Qwen3Next", {"layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 4,
-                   "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                   "shared_expert_intermediate_size": 32},
-     r"^qwen3_next \(Qwen3NextForCausalLM\): its 'linear_attention' \(linear attention, whose state is recurrent, "
-     r"not a KV cache\) layers have no export yet; models whose layers are all 'full_attention' or "),
+    # OLMo hybrid's gated delta rule is its own class (Qwen3-Next's exports: tests/test_llm_qwen3_next.py)
+    ("OlmoHybrid", {"layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 4,
+                    "linear_num_key_heads": 2, "linear_key_head_dim": 8, "linear_value_head_dim": 8},
+     r"^olmo_hybrid \(OlmoHybridForCausalLM\): its 'linear_attention' \(linear attention, whose state is "
+     r"recurrent, not a KV cache\) layers have no export yet; models whose layers are all 'full_attention' or "),
     ("MiniMax", {"layer_types": ["linear_attention", "full_attention"]},
      r"^minimax \(MiniMaxForCausalLM\): its 'linear_attention' .* layers have no export yet"),
 ]
@@ -99,13 +98,13 @@ def test_the_cli_prints_one_line_and_the_chained_cause_only_with_verbose(capsys)
 @pytest.mark.slow
 def test_convert_lm_on_a_recurrent_model_directory_is_one_line_and_writes_nothing(tmp_path, capsys):
     model = _model(*RECURRENT[0][:2])
-    model.save_pretrained(tmp_path / "qwen3_next", safe_serialization=True)
-    tiny_tokenizer().save_pretrained(tmp_path / "qwen3_next")
+    model.save_pretrained(tmp_path / "olmo_hybrid", safe_serialization=True)
+    tiny_tokenizer().save_pretrained(tmp_path / "olmo_hybrid")
     capsys.readouterr()  # save_pretrained's own progress bar
     out = tmp_path / "out"
-    assert main(["convert-lm", str(tmp_path / "qwen3_next"), "--target", "android", "-o", str(out), "--quiet"]) == 1
+    assert main(["convert-lm", str(tmp_path / "olmo_hybrid"), "--target", "android", "-o", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and re.match(r"tpu-export: error: qwen3_next \(Qwen3NextForCausalLM\): its "
+    assert err.count("\n") == 1 and re.match(r"tpu-export: error: olmo_hybrid \(OlmoHybridForCausalLM\): its "
                                              r"'linear_attention'", err), err
     assert not INTERNAL.search(err) and not out.exists()
 

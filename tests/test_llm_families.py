@@ -8,7 +8,9 @@ Every row sets a sliding window (or chunk) to 8 slots where the family has one, 
 32 new tokens run past it, GQA (4 query / 2 KV heads) where the family has it, and initializer_range 0.2 (not
 0.02) so that attention scores reach a few units and what a family adds (windows, norms, scales, softcaps) moves
 the logits: ``off`` names the config change that takes the feature out, and test_the_feature_changes_the_logits
-checks it does. docs/llm.md's "Families" table lists the same rows (test_the_docs_table_lists_every_family).
+checks it does. A family whose state is more than KV caches (``litertlm=False``: Qwen3-Next's linear attention)
+has no .litertlm, so its .tflite generates on our loop instead of the engine. docs/llm.md's "Families" table
+lists the same rows (test_the_docs_table_lists_every_family).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Family:
     off: dict | None = None  # config changes that take the exercised feature out (same weights)
     tweak: object = None  # fn(model), under no_grad, before saving: weights the initialiser leaves inert
     seed: int = 0
+    litertlm: bool = True  # False: state beside the KV caches, which the LiteRT-LM engine does not carry
 
     @property
     def id(self) -> str:
@@ -192,6 +195,13 @@ FAMILIES = [
                                         "routed_scaling_factor": 2.446, "norm_topk_prob": True,
                                         "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}},
            "MLA without a query low-rank projection (Kimi / Moonlight's DeepSeek-V3 layout)"),
+    Family("Qwen3-Next", "qwen3_next", {"layer_types": ["linear_attention", "full_attention"], "head_dim": 16,
+                                        "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                                        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 4,
+                                        "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                        "shared_expert_intermediate_size": 32},
+           "gated delta rule layers (conv window and recurrent state passed as state, no .litertlm), gated "
+           "attention, top-2 of 4 experts plus a shared expert", litertlm=False),
 ]
 BY_ID = {f.id: f for f in FAMILIES}
 assert len(BY_ID) == len(FAMILIES), "two rows with the same id"
@@ -280,8 +290,20 @@ def test_tpu_artifact_generates_like_transformers(converted):
 def test_engine_generates_like_transformers(converted):
     from tpu_export.generators import EngineGenerator
 
+    if not converted["family"].litertlm:
+        pytest.skip("no .litertlm for a state beside the KV caches: test_tflite_generates_like_transformers")
     res = EngineGenerator(str(converted["out"] / "android" / "model.litertlm")).generate(PROMPT, NEW)
     assert res.new_tokens == NEW and res.text == tiny_tokenizer().decode(converted["want"])
+
+
+@pytest.mark.slow
+@pytest.mark.libtpu
+def test_tflite_generates_like_transformers(converted):
+    """A family without a .litertlm: its .tflite on our loop instead of the engine (the others: the engine's)."""
+    if converted["family"].litertlm:
+        pytest.skip("the .litertlm on the engine: test_engine_generates_like_transformers")
+    assert not (converted["out"] / "android" / "model.litertlm").exists()
+    assert _loop(converted, "tflite").generate(PROMPT, NEW).tokens == converted["want"]
 
 
 @pytest.mark.parametrize("family", [f.id for f in FAMILIES if f.off is not None])
