@@ -98,7 +98,7 @@ def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
     for what it calls: (the subgraph, the graph nodes its placeholders stand for, in order)."""
     flat, spec = tree_flatten((node.args, node.kwargs))
     pos = [i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)]
-    fakes = [flat[i].meta["val"] for i in pos]
+    fakes = _distinct([flat[i].meta["val"] for i in pos])
 
     def run(*vals):
         leaves = list(flat)
@@ -112,6 +112,21 @@ def trace_decomposition(node: torch.fx.Node, fn, table: dict, fake_mode=None):
     with fake_mode or detect_fake_mode(fakes), skip_graph_codegen():
         sub = trace_with_decompositions(run, table, *fakes)
     return sub, [flat[i] for i in pos]
+
+
+def _distinct(fakes: list) -> list:
+    """One fake tensor per argument. Two nodes can hold the same fake value (a cached decomposition spliced twice
+    copies its nodes' meta into both places: lean_decompose), and the trace takes one tensor passed twice for one
+    value: every use then reads the last argument holding it (Mamba-2's einsum of C and B, two same-shaped
+    repeat_interleave + reshape results, traced as B against B)."""
+    seen, out = set(), []
+    for f in fakes:
+        if isinstance(f, torch.Tensor) and id(f) in seen:
+            with detect_fake_mode([f]):
+                f = torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device)
+        seen.add(id(f))
+        out.append(f)
+    return out
 
 
 def decompose_nodes(gm: torch.fx.GraphModule, ops) -> int:
