@@ -107,11 +107,26 @@ def hf_config(cfg: dict, where: str):
         raise LmSourceError(f"{where}: model_type {mt!r} is not an architecture this transformers "
                             f"({transformers.__version__}) ships. Fix: {_FIX_CONFIG}")
     try:
-        return mapping[mt].from_dict(cfg)
+        return mapping[mt].from_dict(_special_floats(cfg))
     except Exception as e:  # noqa: BLE001 - a config class validates its fields with many error types
         from tpu_export.converter.errors import one_line
 
         raise LmSourceError(f"{where}: transformers rejects it: {one_line(e)}. Fix: {_FIX_CONFIG}") from None
+
+
+# how transformers' save_pretrained writes a float JSON has no literal for (GraniteMoeHybrid's default
+# time_step_limit (0.0, inf)), which its from_pretrained reads back and from_dict does not
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(x):
+    if isinstance(x, dict):
+        if set(x) == {"__float__"} and isinstance(x["__float__"], str) and x["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[x["__float__"]]
+        return {k: _special_floats(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_special_floats(v) for v in x]
+    return x
 
 
 def check_config(config, ckpt, where: str) -> None:
