@@ -188,8 +188,10 @@ class KVCacheLM(torch.nn.Module):
     Mixtral and GPT-OSS (attention sinks; top-k of N experts, switched to transformers' static-shape
     ``batched_mm`` experts), Falcon (both decoder architectures, rotary; its KV heads cached once:
     llm_families.cache_heads) and Llama 4 text (chunked and global layers, NoPE layers' attention temperature
-    from ``get_seq_length``, top-1 MoE with a shared expert) and LFM2 (short convolutions beside attention, each
-    conv layer's window of inputs passed as state: converter/llm_conv.py).
+    from ``get_seq_length``, top-1 MoE with a shared expert), LFM2 (short convolutions beside attention, each
+    conv layer's window of inputs passed as state: converter/llm_conv.py), Qwen3-Next (gated delta rule layers'
+    conv windows and recurrent states: converter/llm_linear.py) and GraniteMoeHybrid (Mamba-2 layers' conv windows
+    and SSM states: converter/llm_mamba.py); llm_state.KINDS lists these layers.
 
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """

@@ -27,7 +27,7 @@ import torch
 
 from .llm_conv import ConvStateLayer
 
-__all__ = ["MODEL_TYPES", "RecurrentStateLayer", "delta_states", "pads_keep_state"]
+__all__ = ["MODEL_TYPES", "RecurrentStateLayer", "delta_states", "pads_keep_state", "real_rows"]
 
 # model types whose "linear_attention" layers are Qwen3NextGatedDeltaNet (checked against generate in
 # tests/test_llm_qwen3_next.py); another family's linear attention stays refused by layer type
@@ -75,7 +75,7 @@ class RecurrentStateLayer(ConvStateLayer):
         return self.state, self.recurrent_states[0]
 
 
-def _real_rows(x, n_real, axis: int = 1):
+def real_rows(x, n_real, axis: int = 1):
     """A bool mask over ``x``'s ``axis`` (the sequence), True for the first ``n_real`` rows, shaped to broadcast."""
     shape = [1] * x.dim()
     shape[axis] = x.shape[axis]
@@ -94,7 +94,7 @@ def pads_keep_state(model, n_real):
     chunk = module.torch_chunk_gated_delta_rule
 
     def masked(query, key, value, g, beta, *args, **kwargs):
-        real = _real_rows(g, n_real)  # g, beta: [B, T, value heads]
+        real = real_rows(g, n_real)  # g, beta: [B, T, value heads]
         return chunk(query, key, value, torch.where(real, g, 0.0), torch.where(real, beta, 0.0), *args, **kwargs)
 
     module.torch_chunk_gated_delta_rule = masked

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 
-from . import llm_conv, llm_linear
+from . import llm_conv, llm_linear, llm_mamba
 
 __all__ = ["KINDS", "StateKind", "families_of_layer_types", "layer_types", "register", "scope", "state_layers"]
 
@@ -34,8 +34,13 @@ def _conv_states(model):
 _CONV = StateKind(_conv_states, lambda t, n: llm_conv.ConvStateLayer(*t, n), lambda layer: (layer.state,))
 _DELTA = StateKind(llm_linear.delta_states, lambda t, n: llm_linear.RecurrentStateLayer(*t, n),
                    lambda layer: layer.outputs(), llm_linear.pads_keep_state)
+# Mamba-2's decode updates its SSM state in place: the layer hands it a copy (n_real None: a decode step)
+_MAMBA = StateKind(llm_mamba.mamba_states,
+                   lambda t, n: llm_linear.RecurrentStateLayer(*t, n, copy_recurrent=n is None),
+                   lambda layer: layer.outputs(), llm_mamba.pads_keep_state)
 KINDS = {**{(m, "conv"): _CONV for m in llm_conv.CONV_MODEL_TYPES},
-         **{(m, "linear_attention"): _DELTA for m in llm_linear.MODEL_TYPES}}
+         **{(m, "linear_attention"): _DELTA for m in llm_linear.MODEL_TYPES},
+         **{(m, "linear_attention"): _MAMBA for m in llm_mamba.MODEL_TYPES}}
 
 
 def layer_types(cfg) -> tuple[str, ...]:

@@ -8,9 +8,9 @@ Every row sets a sliding window (or chunk) to 8 slots where the family has one, 
 32 new tokens run past it, GQA (4 query / 2 KV heads) where the family has it, and initializer_range 0.2 (not
 0.02) so that attention scores reach a few units and what a family adds (windows, norms, scales, softcaps) moves
 the logits: ``off`` names the config change that takes the feature out, and test_the_feature_changes_the_logits
-checks it does. A family whose state is more than KV caches (``litertlm=False``: Qwen3-Next's linear attention)
-has no .litertlm, so its .tflite generates on our loop instead of the engine. docs/llm.md's "Families" table
-lists the same rows (test_the_docs_table_lists_every_family).
+checks it does. A family whose state is more than KV caches (``litertlm=False``: Qwen3-Next's linear attention,
+GraniteMoeHybrid's Mamba-2 layers) has no .litertlm, so its .tflite generates on our loop instead of the engine.
+docs/llm.md's "Families" table lists the same rows (test_the_docs_table_lists_every_family).
 """
 
 from __future__ import annotations
@@ -202,6 +202,16 @@ FAMILIES = [
                                         "shared_expert_intermediate_size": 32},
            "gated delta rule layers (conv window and recurrent state passed as state, no .litertlm), gated "
            "attention, top-2 of 4 experts plus a shared expert", litertlm=False),
+    Family("GraniteMoeHybrid", "granitemoehybrid", {
+        "layer_types": ["linear_attention", "full_attention"], "mamba_n_heads": 8, "mamba_n_groups": 2,
+        "mamba_d_state": 16, "mamba_d_head": 16, "mamba_chunk_size": 8, "position_embedding_type": "rope",
+        **_MOE, "shared_intermediate_size": 64, "embedding_multiplier": 12.0, "attention_multiplier": 0.05,
+        "residual_multiplier": 0.22, "logits_scaling": 8.0},
+        "Mamba-2 layers (conv window and SSM state passed as state, no .litertlm) beside RoPE attention, top-2 of 4 "
+        "experts plus a shared MLP, Granite's multipliers", litertlm=False),
+    Family("Bamba", "bamba", {"attn_layer_indices": [1], "mamba_n_heads": 8, "mamba_n_groups": 2, "mamba_d_state": 16,
+                              "mamba_d_head": 16, "mamba_chunk_size": 8},
+           "Mamba-2 layers in Bamba's own modeling code (GraniteMoeHybrid's mixer), no .litertlm", litertlm=False),
 ]
 BY_ID = {f.id: f for f in FAMILIES}
 assert len(BY_ID) == len(FAMILIES), "two rows with the same id"
