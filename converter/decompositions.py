@@ -44,6 +44,10 @@ KEEP_WHOLE: frozenset = frozenset(
         aten.pixel_unshuffle.default,
         aten.linear.default,
         aten.matmul.default,
+        # torch's decomposition unrolls the sequence and, on CPU with mkldnn, writes mkldnn_rnn_layer
+        aten.lstm.input,
+        aten.rnn_tanh.input,
+        aten.rnn_relu.input,
     }
 )
 

@@ -46,7 +46,7 @@ __all__ = ["LoweringRegistry", "DuplicateLoweringError", "LoweringError", "Lower
 # The op families every backend splits its lowerings by, one file each (edge/ops_<family>.py,
 # tpu_backend/lowering/ops_<family>.py): an op's lowerings and its test row are found under one name.
 OP_FAMILIES = ("activation", "attention", "conv", "creation", "elementwise", "index", "logical", "nn", "norm", "pool",
-               "reduce", "resize", "sampling", "shape", "slice", "symbolic")
+               "reduce", "resize", "rnn", "sampling", "shape", "slice", "symbolic")
 
 
 class DuplicateLoweringError(RuntimeError):

@@ -877,6 +877,56 @@ _sym("interp_to_input_size", lambda x, y: F.interpolate(y, size=x.shape[-2:], mo
      r(1, 3, 8, 10), r(1, 3, 4, 5), dyn={0: {2: "h", 3: "w"}, 1: {2: "h2", 3: "w2"}},
      sizes=({"h": 5, "w": 9, "h2": 3, "w2": 5}, {"h": 16, "w": 16, "h2": 8, "w2": 8}))
 
+# --------------------------------------------------------------------------------------
+# recurrent layers (aten.lstm / rnn_tanh / rnn_relu, kept whole), called as nn.LSTM / nn.RNN call them: the
+# weights in torch's params order (w_ih, w_hh[, b_ih, b_hh][, w_hr] per layer and direction, weights as module
+# parameters), uniform in +-1/sqrt(hidden) as nn.LSTM initializes them; without h0 the zeros nn.LSTM makes
+# --------------------------------------------------------------------------------------
+
+
+def _rnn_row(id, op, inp=6, hidden=8, layers=1, bidirectional=False, proj=0, batch_first=False, bias=True, h0=True,
+             seq=7, batch=2):
+    dirs, h_out = 2 if bidirectional else 1, proj or hidden
+    gates = 4 * hidden if op == "lstm" else hidden
+    k = hidden ** -0.5
+    params = []
+    for layer in range(layers):
+        for _ in range(dirs):
+            params += [u(gates, inp if layer == 0 else dirs * h_out, lo=-k, hi=k), u(gates, h_out, lo=-k, hi=k)]
+            params += [u(gates, lo=-k, hi=k), u(gates, lo=-k, hi=k)] if bias else []
+            params += [u(h_out, hidden, lo=-k, hi=k)] if proj else []
+    x = r(batch, seq, inp) if batch_first else r(seq, batch, inp)
+    shapes = [(layers * dirs, batch, h_out)] + ([(layers * dirs, batch, hidden)] if op == "lstm" else [])
+    states = [r(*sh) for sh in shapes] if h0 else []
+    flags = (bias, layers, 0.0, False, bidirectional, batch_first)
+
+    def fn(x, *rest):
+        hx = list(rest[:len(states)]) or [x.new_zeros(sh) for sh in shapes]
+        ps = list(rest[len(states):])
+        if op == "lstm":
+            return tuple(torch.lstm(x, hx, ps, *flags))
+        return tuple(getattr(torch, op)(x, hx[0], ps, *flags))
+
+    first = 1 + len(states)
+    row(id, fn, x, *states, *params, weights=range(first, first + len(params)))
+
+
+_rnn_row("lstm", "lstm")
+_rnn_row("lstm_no_h0", "lstm", h0=False)
+_rnn_row("lstm_2layer_batch_first", "lstm", layers=2, batch_first=True)
+_rnn_row("lstm_bidirectional", "lstm", bidirectional=True, h0=False)
+_rnn_row("lstm_2layer_bidirectional_batch_first", "lstm", layers=2, bidirectional=True, batch_first=True)
+_rnn_row("lstm_proj", "lstm", proj=3)
+_rnn_row("lstm_2layer_bidirectional_proj_no_h0", "lstm", layers=2, bidirectional=True, proj=5, h0=False)
+_rnn_row("lstm_no_bias", "lstm", bias=False, layers=2)
+_rnn_row("lstm_batch1_seq1", "lstm", seq=1, batch=1)
+_rnn_row("rnn_tanh", "rnn_tanh")
+_rnn_row("rnn_tanh_2layer_bidirectional_batch_first_no_h0", "rnn_tanh", layers=2, bidirectional=True,
+         batch_first=True, h0=False)
+_rnn_row("rnn_relu", "rnn_relu", h0=False)
+_rnn_row("rnn_relu_2layer_no_bias", "rnn_relu", layers=2, bias=False)
+_rnn_row("rnn_relu_bidirectional_batch_first", "rnn_relu", bidirectional=True, batch_first=True)
+
 
 def dynamic_shapes(rw: OpRow) -> tuple:
     """torch.export dynamic_shapes for ``row_inputs(rw, weights_as_params=True)``: one Dim per size name,
