@@ -47,8 +47,8 @@ def _check(op, x, hx, params, dropout, train, num_layers) -> None:
         raise NotImplementedError(f"{op} with dropout={dropout} in training mode (dropout between layers is random); "
                                   "call module.eval() before converting (eval mode has no dropout)")
     if not x.static or any(not h.static for h in hx):
-        raise NotImplementedError(f"{op} over a dynamic dim (input {x.shape}): the edge form unrolls the "
-                                  "sequence; export it with static shapes")
+        raise NotImplementedError(f"{op} over a dynamic dim (input {x.shape}): the edge form is unrolled for "
+                                  "one size; export it with static shapes")
     if not all(p.is_const for p in params):
         raise NotImplementedError(f"{op} with weights computed at run time: the edge form needs them constant "
                                   "(module parameters)")
