@@ -2,8 +2,9 @@
 
 The input projection x W_ih^T + b_ih + b_hh of every step is one matmul before the scan; the scan
 carries (h, c) and does only the recurrent product. Kept whole because torch's decomposition unrolls
-the sequence (one copy of the cell per step: compile time grows with the length) and, on CPU with
-mkldnn, emits ``mkldnn_rnn_layer``, which no backend lowers.
+the sequence (one copy of the cell per step: nn.LSTM(256, 256, 2) over 100 steps took 7.4 s to compile on
+XLA:CPU unrolled against 0.34 s as scans, for 5.8 vs 7.2 ms a call) and, on CPU with mkldnn, emits
+``mkldnn_rnn_layer``, which no backend lowers.
 """
 
 from __future__ import annotations
