@@ -63,7 +63,8 @@ def _row_table(r: dict) -> list[str]:
              "agree": ("greedy tokens equal to transformers' generate (of 32)", 2)}
     for key, (label, digits) in names.items():
         ov, pv = fo.get(key), fp.get(key)
-        comparable = key not in ("prefill_ms", "decode_ms") or same_runtime
+        # agreement is each side's against transformers, not a quantity to divide
+        comparable = key != "agree" and (key not in ("prefill_ms", "decode_ms") or same_runtime)
         ratio = ov / pv if comparable and ov is not None and pv else None
         goal, words = GOALS.get(key, (None, ""))
         if key == "agree" and r["quant"] == "float":
