@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import layout as L
+from ..converter import layout as L
 from .builder import options, schema
 from .values import Val
 

@@ -12,14 +12,12 @@ import os
 
 import torch
 
+from tpu_export.converter import layout
 from tpu_export.converter._torch_compat import treespec_dumps
 from tpu_export.converter.decompositions import KEEP_WHOLE, decompose_nodes
 from tpu_export.converter.support import check_support
 
-from . import (
-    layout,
-    ops,  # noqa: F401 - fills the EDGE table
-)
+from . import ops  # noqa: F401 - fills the EDGE table
 from .builder import ModelBuilder
 from .lower import SYM_OPS, lower_signature
 from .registry import EDGE

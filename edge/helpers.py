@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import layout as L
+from ..converter import layout as L
 from .values import SymVal, Val
 
 __all__ = ["NHWC", "as_val", "ref_perm", "operand", "binary", "unary", "promote", "plain", "broadcast_plain",

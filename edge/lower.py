@@ -17,7 +17,7 @@ from tpu_export.converter._torch_compat import is_op_overload, tree_map
 from tpu_export.converter.passes.fold_constants import NEVER_FOLD, fold_fits
 from tpu_export.converter.registry import LoweringContextBase, bind_args, unbind_args
 
-from . import layout as L
+from ..converter import layout as L
 from .builder import ModelBuilder, options, schema
 from .registry import EDGE
 from .values import SymVal, Val, np_dtype

@@ -9,7 +9,7 @@ import operator
 import numpy as np
 import torch
 
-from . import layout as L
+from ..converter import layout as L
 from .attention_prefix import prefix_attention
 from .helpers import binary
 from .lower import sym_binary

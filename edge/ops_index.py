@@ -12,7 +12,7 @@ import torch
 
 from tpu_export.converter.registry import arguments
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import broadcast_plain, plain, ref_perm
 from .ops_logical import where
 from .ops_slice import strided_slice

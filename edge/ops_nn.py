@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import binary
 from .registry import lowering
 from .values import Val

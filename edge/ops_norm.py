@@ -9,7 +9,7 @@ import operator
 import numpy as np
 import torch
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import binary, plain, reduce, static_out
 from .lower import sym_binary
 from .ops_elementwise import readers_fold_affine

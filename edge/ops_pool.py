@@ -11,7 +11,7 @@ import torch
 
 from tpu_export.converter.registry import arguments
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import NHWC, binary
 from .ops_conv import SAME, VALID, pad_mode, spatial
 from .ops_slice import pad_value

@@ -8,7 +8,7 @@ import torch
 
 from tpu_export.converter.registry import arguments
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import binary, reduce, reduce_dims, unary
 from .registry import lowering, supported_if
 from .values import Val

@@ -20,7 +20,7 @@ import operator
 import numpy as np
 import torch
 
-from . import layout as L
+from ..converter import layout as L
 from .registry import lowering
 from .values import Val
 

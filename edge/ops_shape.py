@@ -10,7 +10,7 @@ import torch
 
 from tpu_export.converter.registry import arguments
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import NHWC, operand, ref_perm
 from .ops_slice import strided_slice
 from .registry import lowering, supported_if

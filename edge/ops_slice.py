@@ -10,7 +10,7 @@ import torch
 import tpu_export.converter.llm_ops  # noqa: F401  (registers tpu_export::cache_write, lowered below)
 from tpu_export.converter.registry import arguments
 
-from . import layout as L
+from ..converter import layout as L
 from .helpers import plain
 from .registry import lowering, supported_if
 from .values import SymVal, Val
