@@ -3,6 +3,7 @@ one matmul over im2col patches, the TPU keeps its convolution; both match torch.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -67,9 +68,9 @@ def test_depthwise_taps_computed_once_before_a_layer_norm():
 @pytest.mark.parametrize("cin, cout, groups, stride, hw", [(48, 48, 6, 1, 9), (104, 208, 13, 2, 10), (16, 32, 4, 1, 6)])
 def test_grouped_conv_stays_grouped_on_every_platform(cin, cout, groups, stride, hw):
     """A grouped conv is one grouped convolution on TPU too, channels-last there (NHWC/HWIO, as a JAX model
-    writes it: libtpu compiles that form faster). As a dense conv over a block-diagonal kernel libtpu compiled
-    RegNetY-400MF 7.6x faster but XLA's cost model gave the program 4.2x the flops and 3.3x the step time
-    (bench/tpu_compile.py)."""
+    writes it: libtpu compiles that form faster; tpu_backend/lowering/channels_last.py). As a dense conv over a
+    block-diagonal kernel libtpu compiled RegNetY-400MF 7.6x faster but XLA's cost model gave the program 4.2x the
+    flops and 3.3x the step time (bench/tpu_compile.py)."""
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(cin, cout, 3, stride, 1, groups=groups, bias=True).eval()
     x = torch.randn(1, cin, hw, hw, generator=torch.Generator().manual_seed(1))
@@ -81,13 +82,11 @@ def test_grouped_conv_stays_grouped_on_every_platform(cin, cout, groups, stride,
     assert rel_err(both(x), want) <= 1e-5  # the CPU branch
     tpu_only = tpu_backend.export_program(converter.prepare(conv, (x,)), platforms=("tpu",))
     assert "[b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f]" in tpu_only.signatures["serving_default"].exported.mlir_module()
-    from jax import lax
+    from tpu_export.tpu_backend.platform_specialize import for_platform
 
-    from tpu_export.tpu_backend.lowering.ops_conv import _channels_last
-
-    nhwc = _channels_last(x.numpy(), conv.weight.detach().numpy(), (stride, stride), (1, 1), (1, 1), groups,
-                          lax.Precision.HIGHEST) + conv.bias.detach().numpy()[None, :, None, None]
-    assert rel_err(nhwc, want) <= 1e-5  # the TPU branch's math, run here
+    sig = both.signatures["serving_default"]
+    (nhwc,) = for_platform(sig.exported, "tpu").call([both.weights[w].numpy() for w in sig.weight_names], x.numpy())
+    assert rel_err(torch.from_numpy(np.asarray(nhwc)), want) <= 1e-5  # the TPU's program, run here
 
 
 @pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (48,)])

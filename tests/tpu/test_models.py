@@ -2,7 +2,8 @@
 
 - static: ``jax.jit(fn)`` on CPU at the sample batch, rel err <= 1e-4 on every output;
 - dynamic batch: ``jax.export`` with a symbolic "batch" dim, one export run at batch 1 and 4;
-- the same function lowers for TPU (StableHLO for ``platforms=["tpu", "cpu"]``, no TPU needed);
+- the same function lowers for TPU (StableHLO for ``platforms=["tpu", "cpu"]``, no TPU needed), and the TPU's
+  own form (channels-last convolutions) runs here as the model;
 - dtype="bfloat16" on a few models, with the looser bounds stated below.
 
 Error measure: max|got - want| / max(max|want|, 1e-6), over each output.
@@ -69,13 +70,27 @@ def test_zoo_model_matches_torch(name):
     _check(name, got, module, args, FP32_RTOL)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, e in ZOO.items() if e.dynamic_batch))
-def test_zoo_model_symbolic_batch(name):
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_model_tpu_form_matches_torch(name):
+    """The TPU's program (convolution activations channels-last: lowering/channels_last.py), run on this CPU."""
+    module, args, prog = _static(name)
+    lowered = lower_signature(prog, platforms=("tpu",))
+    got = jax.jit(lowered.fn)(lowered.weight_arrays(prog), *_inputs(lowered, args))
+    _check(name, got, module, args, FP32_RTOL)
+
+
+_DYNAMIC = sorted(n for n, e in ZOO.items() if e.dynamic_batch)
+
+
+# the CPU's form of every model; the TPU's form (run here) of the convolutional ones
+@pytest.mark.parametrize("name, form", [(n, "cpu") for n in _DYNAMIC]
+                         + [(n, "tpu") for n in ("resnet18", "regnet", "convnext") if n in _DYNAMIC])
+def test_zoo_model_symbolic_batch(name, form):
     module, args = ZOO[name].build()
     batch = torch.export.Dim("batch", min=1, max=64)
     traced = batch_like(args, 2)  # a batch-1 sample would be specialised by torch.export
     prog = _prepare(module, traced, dynamic_shapes=tuple({0: batch} for _ in traced))
-    lowered = lower_signature(prog)
+    lowered = lower_signature(prog, platforms=("tpu",) if form == "tpu" else ("tpu", "cpu"))
     w_avals, in_avals = lowered.abstract_args()
     assert all(str(a.shape[0]) == "batch" for a in in_avals), in_avals
     exported = jax_export.export(jax.jit(lowered.fn), platforms=["cpu"])(w_avals, *in_avals)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 import jax
@@ -14,6 +15,7 @@ from tpu_export.converter.registry import LoweringError, bind_args
 from tpu_export.converter.support import check_support, unsupported_ops
 
 from . import all_ops  # noqa: F401  (fills JAX_LOWERINGS)
+from .channels_last import channels_last_rewrite
 from .context import Aval, LoweringContext, LoweringOptions, jnp_dtype
 from .helpers import cast, is_array
 from .registry import JAX_LOWERINGS, KERNEL_HOOKS
@@ -54,11 +56,14 @@ class GraphRewrite:
 
     ``lowerings``: node -> (fn(ctx, *args), args), args holding fx Nodes for earlier values;
     ``skip``: nodes no lowering reads any more (folded into a rewritten node);
-    ``packed_weights``: weight name -> PackedWeight."""
+    ``packed_weights``: weight name -> PackedWeight;
+    ``outputs``: output node -> fn(value) giving the value the signature returns (a laid-out value moved back
+    to torch's layout)."""
 
     lowerings: dict = dataclasses.field(default_factory=dict)
     skip: set = dataclasses.field(default_factory=set)
     packed_weights: dict = dataclasses.field(default_factory=dict)
+    outputs: dict = dataclasses.field(default_factory=dict)
 
     def update(self, other: "GraphRewrite") -> None:
         clash = (self.lowerings.keys() | self.skip) & (other.lowerings.keys() | other.skip)
@@ -67,6 +72,7 @@ class GraphRewrite:
         self.lowerings.update(other.lowerings)
         self.skip |= other.skip
         self.packed_weights.update(other.packed_weights)
+        self.outputs.update(other.outputs)
 
 
 def _with_hook(hook, fallback):
@@ -77,7 +83,7 @@ def _with_hook(hook, fallback):
     return lower
 
 
-def _lowering_of(node, options):
+def lowering_of(node, options):
     fn = JAX_LOWERINGS.get(node.target)
     hook = KERNEL_HOOKS.get(node.target) if options.pallas is not None else None
     return _with_hook(hook, fn) if hook is not None else fn
@@ -201,6 +207,19 @@ class LoweredSignature:
         return ws, ins
 
 
+def _steps(sig, rewrite, options) -> list:
+    steps = [
+        _Step(n, *rewrite.lowerings[n]) if n in rewrite.lowerings
+        else _Step(n, lowering_of(n, options), bind_args(n))
+        for n in sig.graph.nodes
+        if n.op == "call_function" and n not in rewrite.skip
+    ]
+    if options.dtype == "bfloat16":
+        for step in steps:
+            step.args = _saturate_bf16(step.args)
+    return steps
+
+
 def lower_signature(
     prog: Program,
     signature_name: str | None = None,
@@ -233,15 +252,12 @@ def lower_signature(
         from ..pallas.hooks import norm_pattern_rewrite  # importing it registers the kernel hooks
 
         rewrite.update(norm_pattern_rewrite(sig, options))
-    steps = [
-        _Step(n, *rewrite.lowerings[n]) if n in rewrite.lowerings
-        else _Step(n, _lowering_of(n, options), bind_args(n))
-        for n in sig.graph.nodes
-        if n.op == "call_function" and n not in rewrite.skip
-    ]
-    if options.dtype == "bfloat16":
-        for step in steps:
-            step.args = _saturate_bf16(step.args)
+    steps = _steps(sig, rewrite, options)
+    # The TPU's form, where it differs: convolution activations channels-last (channels_last.py). Exported for
+    # several platforms, the signature is one platform_dependent over the two forms, and a TPU compile (after
+    # platform_specialize) sees only its own.
+    tpu_rewrite = channels_last_rewrite(sig, rewrite, options) if "tpu" in options.platforms else None
+    tpu_steps = _steps(sig, tpu_rewrite, options) if tpu_rewrite is not None else None
     packed = [rewrite.packed_weights.get(w) for w in sig.weight_names]
     w_dtypes = [jnp_dtype(prog.weights[w].dtype, options) for w in sig.weight_names]
     # The flat weights argument: packed weights contribute their parts, stored dtypes kept.
@@ -258,7 +274,7 @@ def lower_signature(
     out_dtypes = [jnp_dtype(s.dtype, options) for s in sig.outputs]
     x64 = options.x64
 
-    def run(weights, *inputs):
+    def run(steps, outputs, weights, *inputs):
         if len(weights) != len(flat_names) or len(inputs) != len(input_nodes):
             raise TypeError(
                 f"signature {sig.name!r} takes {len(flat_names)} weights and {len(input_nodes)} inputs; "
@@ -275,13 +291,22 @@ def lower_signature(
             args = _substitute(step.args, env)
             ctx = LoweringContext(step.node, _avals(args), options, sym_env)
             env[step.node] = JAX_LOWERINGS.call(_lower_and_cast, ctx, (step.fn, *args))
-        return [env[n] for n in out_nodes]
+        return [outputs[n](env[n]) if n in outputs else env[n] for n in out_nodes]
+
+    default = functools.partial(run, steps, rewrite.outputs)
+    if tpu_steps is None:
+        body = default
+    elif tuple(options.platforms) == ("tpu",):
+        body = functools.partial(run, tpu_steps, tpu_rewrite.outputs)
+    else:
+        tpu = functools.partial(run, tpu_steps, tpu_rewrite.outputs)
+        body = lambda weights, *inputs: jax.lax.platform_dependent(weights, *inputs, tpu=tpu, default=default)
 
     def fn(weights, *inputs):
         if x64:
             with jax.enable_x64(True):
-                return run(weights, *inputs)
-        return run(weights, *inputs)
+                return body(weights, *inputs)
+        return body(weights, *inputs)
 
     return LoweredSignature(
         signature=sig,

@@ -1,5 +1,6 @@
 """aten.convolution: 1/2/3-d, strided, padded, dilated, grouped and transposed, on
-lax.conv_general_dilated in torch's channels-first layout (XLA picks the TPU layout)."""
+lax.conv_general_dilated in torch's channels-first layout. The TPU's program computes batched 2-d convolutions
+channels-last instead (channels_last.py)."""
 
 from __future__ import annotations
 
@@ -73,18 +74,6 @@ def _im2col(x, w, stride, padding, dilation, precision):
     return y.reshape(n, o, ho, wo)
 
 
-def _channels_last(x, w, stride, padding, dilation, groups, precision):
-    """A grouped 2-d conv computed channels-last (NHWC input, HWIO kernel) between two transposes. libtpu compiles
-    a grouped conv given as NCHW/OIHW far slower than the same conv as NHWC/HWIO, the layout a JAX model writes
-    (four 208ch/26-group 3x3 convs at 14x14, float32 at HIGHEST, one v6e chip: 199 s vs 112 s); the transposes
-    become layout choices in the compiled program. Dense convs compile alike in either form."""
-    y = lax.conv_general_dilated(
-        jnp.transpose(x, (0, 2, 3, 1)), jnp.transpose(w, (2, 3, 1, 0)), window_strides=stride,
-        padding=[(p, p) for p in padding], rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        feature_group_count=groups, precision=precision)
-    return jnp.transpose(y, (0, 3, 1, 2))
-
-
 def _pointwise_on_one_pixel(x, weight, stride, padding, dilation, groups: int) -> bool:
     """A dense 1x1 conv, unpadded, over a 1x1 input: ``y[n, o] = sum_i w[o, i] x[n, i]``."""
     return (x.ndim == 4 and groups == 1 and tuple(x.shape[2:]) == (1, 1) and tuple(weight.shape[2:]) == (1, 1)
@@ -130,10 +119,6 @@ def convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, out
             # TPUs and GPUs keep their native convolution.
             y = lax.platform_dependent(
                 x, weight, cpu=lambda x, w: _depthwise_taps(x, w, stride, padding, dilation), default=direct)
-        elif nd == 2 and groups > 1:
-            y = lax.platform_dependent(
-                x, weight, tpu=lambda x, w: _channels_last(x, w, stride, padding, dilation, groups, ctx.precision()),
-                default=direct)
         elif nd == 2 and _im2col_faster_on_cpu(x, weight, groups):
             prec = ctx.precision()
             y = lax.platform_dependent(
