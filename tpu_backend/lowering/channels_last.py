@@ -128,6 +128,8 @@ class _Plan:
         def lower(ctx, *vals):
             moved = []
             for v, r, p in zip(vals, tensors, laid):
+                if p is not None and len(p) != out_rank:  # laid out at a lower rank: torch's layout, then broadcast
+                    v, p = _to(v, p, None), None
                 if r is None or not hasattr(v, "ndim"):
                     moved.append(v)
                 elif p is not None:
