@@ -26,6 +26,7 @@ from tpu_export.converter.registry import arguments, bind_args
 
 from . import ops_elementwise
 from .helpers import cast, ntuple
+from .ops_conv import _pointwise_on_one_pixel
 from .ops_pool import _windows
 
 __all__ = ["channels_last_rewrite"]
@@ -95,8 +96,7 @@ class _Plan:
         src = self.layout_of(x)
         stride, padding, dilation = ntuple(a["stride"], 2), ntuple(a["padding"], 2), ntuple(a["dilation"], 2)
         groups = a["groups"]
-        pixel = (groups == 1 and tuple(_val(x).shape[2:]) == (1, 1) and tuple(_val(w).shape[2:]) == (1, 1)
-                 and not any(padding))
+        pixel = _pointwise_on_one_pixel(_val(x), _val(w), stride, padding, dilation, groups)
 
         def lower(ctx, x, weight, bias, *_):
             dt = ctx.out_dtype
