@@ -15,6 +15,7 @@ graph's metadata; ``perm`` says which logical dim each physical dim holds.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from tpu_export.converter.registry import arguments, bind_args
 from . import ops_elementwise
 from .helpers import cast, ntuple
 from .ops_conv import _pointwise_on_one_pixel
-from .ops_pool import _windows
+from .ops_pool import _max_init, _windows
 
 __all__ = ["channels_last_rewrite"]
 
@@ -191,17 +192,16 @@ class _Plan:
 
         def lower(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
             win, strides, pads, dil, _ = _windows(logical, 2, kernel_size, stride, padding, dilation, ceil_mode)
-            init = jnp.asarray(-jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min,
-                               x.dtype)
             pick = lambda t: tuple(t[d] for d in src)
-            y = lax.reduce_window(x, init, lax.max, pick(win), pick(strides), pick(pads), window_dilation=pick(dil))
+            y = lax.reduce_window(x, _max_init(x.dtype), lax.max, pick(win), pick(strides), pick(pads),
+                                  window_dilation=pick(dil))
             return (y, None) if n.target is aten.max_pool2d_with_indices.default else y
 
         return lower, src
 
     def getitem(self, n):
         src, i = n.args
-        if self.layout_of(src) is None or not isinstance(self.layout_of(src), dict):
+        if not isinstance(self.layout_of(src), dict):
             return None
         return (lambda ctx, t, i: t[i]), self.perm[src].get(i)
 
@@ -288,19 +288,13 @@ def _logical_args(fn, perms):
 def channels_last_rewrite(sig, base, options):
     """A GraphRewrite for the TPU form of ``sig``: ``base``'s lowerings and the channels-last plan's, with
     ``outputs`` moving laid-out signature outputs back to torch's layout. None where no 2-d conv is planned."""
-    from .interpreter import GraphRewrite
-
     plan = _Plan(base, options)
     for n in sig.graph.nodes:
         if n.op == "call_function":
             plan.visit(n)
     if not any(n.target is aten.convolution.default for n in plan.perm):
         return None
-    merged = GraphRewrite(lowerings=dict(base.lowerings), skip=set(base.skip),
-                          packed_weights=dict(base.packed_weights), outputs=dict(base.outputs))
-    merged.lowerings.update(plan.lowerings)
-    for n in sig.output_nodes():
-        p = plan.perm.get(n)
-        if p is not None and not isinstance(p, dict):
-            merged.outputs[n] = lambda x, p=p: _to(x, p, None)
-    return merged
+    outputs = {n: (lambda x, p=plan.perm[n]: _to(x, p, None)) for n in sig.output_nodes()
+               if n in plan.perm and not isinstance(plan.perm[n], dict)}
+    return dataclasses.replace(base, lowerings={**base.lowerings, **plan.lowerings},
+                               outputs={**base.outputs, **outputs})

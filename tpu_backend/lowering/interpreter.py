@@ -293,14 +293,11 @@ def lower_signature(
             env[step.node] = JAX_LOWERINGS.call(_lower_and_cast, ctx, (step.fn, *args))
         return [outputs[n](env[n]) if n in outputs else env[n] for n in out_nodes]
 
-    default = functools.partial(run, steps, rewrite.outputs)
-    if tpu_steps is None:
-        body = default
-    elif tuple(options.platforms) == ("tpu",):
-        body = functools.partial(run, tpu_steps, tpu_rewrite.outputs)
-    else:
-        tpu = functools.partial(run, tpu_steps, tpu_rewrite.outputs)
-        body = lambda weights, *inputs: jax.lax.platform_dependent(weights, *inputs, tpu=tpu, default=default)
+    body = default = functools.partial(run, steps, rewrite.outputs)
+    if tpu_steps is not None:
+        body = tpu = functools.partial(run, tpu_steps, tpu_rewrite.outputs)
+        if tuple(options.platforms) != ("tpu",):
+            body = lambda weights, *inputs: jax.lax.platform_dependent(weights, *inputs, tpu=tpu, default=default)
 
     def fn(weights, *inputs):
         if x64:

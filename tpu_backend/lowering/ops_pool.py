@@ -26,6 +26,11 @@ def _pool_geometry(size, k, s, p, d, ceil_mode):
     return out, hi
 
 
+def _max_init(dtype):
+    """The identity of max for ``dtype``: -inf for floats, the smallest integer otherwise."""
+    return jnp.asarray(-jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+
+
 def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode):
     lead = x.ndim - nd
     kernel = ntuple(kernel, nd)
@@ -47,8 +52,7 @@ def _windows(x, nd, kernel, stride, padding, dilation, ceil_mode):
 
 def _max_pool(ctx, x, nd, kernel, stride, padding, dilation, ceil_mode):
     win, strides, pads, dil, _ = _windows(x, nd, kernel, stride, padding, dilation, ceil_mode)
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    init = jnp.asarray(lowest, x.dtype)
+    init = _max_init(x.dtype)
     if 1 not in ctx.used_outputs():
         values = lax.reduce_window(x, init, lax.max, win, strides, pads, window_dilation=dil)
         return values, None
@@ -88,8 +92,7 @@ def max_pool3d_with_indices(ctx, x, kernel_size, stride=(), padding=0, dilation=
 @lowering(aten.max_pool2d.default)
 def max_pool2d(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     win, strides, pads, dil, _ = _windows(x, 2, kernel_size, stride, padding, dilation, ceil_mode)
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
-    return lax.reduce_window(x, jnp.asarray(lowest, x.dtype), lax.max, win, strides, pads, window_dilation=dil)
+    return lax.reduce_window(x, _max_init(x.dtype), lax.max, win, strides, pads, window_dilation=dil)
 
 
 def _avg_pool(ctx, x, nd, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override):
