@@ -119,6 +119,8 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
     precision: "highest" (default: float32-exact, six bf16 MXU passes per float32 matmul/conv on TPU),
         "high" (three passes) or "default" (one, as jax.jit's default): a float32 program's TPU numerics,
         and its TPU compile time (docs/tpu.md); CPU and GPU compute float32 whatever is asked.
+
+    2-d convolution kernels are stored HWIO as ``<name>.hwio`` (tpu_backend.weight_layout).
     """
     from .host import prepare_cpu_host
     from .lowering import lower_signature
@@ -134,6 +136,11 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         qconfig = parse_quant(quant)
         plan = plan_int8(prog, names, qconfig)
         rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
+    from .weight_layout import hwio_rewrite, plan_hwio
+
+    hwio = plan_hwio(prog, names)  # convolution kernels stored as the TPU's convolution reads them
+    if hwio:
+        rewrites = {n: (*rewrites[n], hwio_rewrite(prog, n, hwio)) for n in names}
     if use_pallas is not False:
         from .pallas import hooks  # noqa: F401  (registers the kernel hooks before lowering)
     lowered = {
@@ -163,7 +170,9 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
         raise ExportError("partition_rules need a mesh; pass mesh={'data': 2, 'model': 2} or similar")
 
     weights: dict[str, torch.Tensor] = {}
+    sources: dict[str, tuple] = {}  # stored name -> (program weight name, perm)
     for lo in lowered.values():
+        sources.update(getattr(lo, "weight_sources", None) or {})
         dts = getattr(lo, "weight_dtypes", None) or [None] * len(lo.weight_names)
         values = getattr(lo, "weight_values", None) or {}  # packed parts (int8 + scales) are not program weights
         for w, dt in zip(lo.weight_names, dts):
@@ -171,7 +180,8 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
                 weights[w] = _stored_weight(values[w] if w in values else prog.weights[w], dt, dtype)
     weight_shardings = {}
     if mesh_spec is not None:
-        weight_shardings = {w: rules.weight_spec(w, tuple(t.shape), mesh_spec) for w, t in weights.items()}
+        weight_shardings = {w: _weight_spec(rules, w, tuple(t.shape), sources.get(w), mesh_spec)
+                            for w, t in weights.items()}
 
     sigs = {}
     with x64_scope(prog.enable_x64):
@@ -183,6 +193,16 @@ def export_lowered(prog, lowered: dict, *, platforms=("tpu", "cpu"), dtype=None,
         dtype=dtype, mesh=mesh_spec, rules=rules, weight_shardings=weight_shardings,
         enable_x64=prog.enable_x64,
     )
+
+
+def _weight_spec(rules, name, shape, source, mesh) -> list:
+    """The partition spec of a stored weight; one stored permuted (``source`` = (name, perm)) takes the rule of
+    the program's weight, written against torch's shape, with the spec permuted the same way."""
+    if source is None:
+        return rules.weight_spec(name, shape, mesh)
+    src, perm = source
+    spec = rules.weight_spec(src, tuple(shape[perm.index(i)] for i in range(len(perm))), mesh)
+    return [spec[i] for i in perm]
 
 
 def _check_platforms(platforms) -> tuple[str, ...]:

@@ -44,10 +44,15 @@ class _Step:
 @dataclasses.dataclass
 class PackedWeight:
     """A weight stored as several arrays (int8 values + per-channel scales), rebuilt inside the
-    lowered function: ``unpack(*arrays)`` is what the rewritten users of the weight receive."""
+    lowered function: ``unpack(*arrays)`` is what the rewritten users of the weight receive (or every user, where
+    no rewrite claims them). ``like_weight``: the parts are computed in the dtype the weight itself would be
+    (dtype="bfloat16" narrows them); otherwise in the dtype they are stored in."""
 
     parts: list  # [(stored name, torch.Tensor as stored)]
     unpack: Callable
+    like_weight: bool = False
+    # stored name -> perm: the part is the weight with its dims permuted (part dim i is the weight's dim perm[i])
+    perms: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -159,6 +164,8 @@ class LoweredSignature:
     fn: Callable = dataclasses.field(repr=False)  # fn(weights: list, *inputs) -> list of outputs
     # Stored arrays that are not program weights (the parts of packed weights), by name.
     weight_values: dict = dataclasses.field(default_factory=dict, repr=False)
+    # Stored arrays that are a program weight with its dims permuted: name -> (weight name, perm).
+    weight_sources: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def dim_constraints(self) -> list[str]:
         """jax.export constraints ("batch >= 2", "batch <= 64") from the signature's dim ranges."""
@@ -261,15 +268,17 @@ def lower_signature(
     packed = [rewrite.packed_weights.get(w) for w in sig.weight_names]
     w_dtypes = [jnp_dtype(prog.weights[w].dtype, options) for w in sig.weight_names]
     # The flat weights argument: packed weights contribute their parts, stored dtypes kept.
-    flat_names, flat_dtypes, flat_shapes, values = [], [], [], {}
+    flat_names, flat_dtypes, flat_shapes, values, sources = [], [], [], {}, {}
     for w, p, dt in zip(sig.weight_names, packed, w_dtypes):
         parts = p.parts if p is not None else [(w, prog.weights[w])]
         for name, t in parts:
             flat_names.append(name)
-            flat_dtypes.append(jnp_dtype(t.dtype) if p is not None else dt)
+            flat_dtypes.append(dt if p is None or p.like_weight else jnp_dtype(t.dtype))
             flat_shapes.append(tuple(t.shape))
             if p is not None:
                 values[name] = t
+                if name in p.perms:
+                    sources[name] = (w, tuple(p.perms[name]))
     in_dtypes = [jnp_dtype(s.dtype, options) for s in sig.inputs]
     out_dtypes = [jnp_dtype(s.dtype, options) for s in sig.outputs]
     x64 = options.x64
@@ -316,5 +325,6 @@ def lower_signature(
         output_dtypes=out_dtypes,
         fn=fn,
         weight_values=values,
+        weight_sources=sources,
     )
 

@@ -59,8 +59,12 @@ def _depthwise_taps(x, w, stride, padding, dilation):
 
 
 def _im2col(x, w, stride, padding, dilation, precision):
-    """A 2-d dense conv as one matmul: the k*k strided input slices stacked into (N, Cin*k*k, Ho*Wo)
-    patches, times the (Cout, Cin*k*k) kernel. Same math, summed in the matmul's f32 accumulator."""
+    """A 2-d dense conv as one matmul: the k*k strided input slices stacked into (N, k*k*Cin, Ho*Wo)
+    patches, times the (k*k*Cin, Cout) kernel. Same math, summed in the matmul's f32 accumulator.
+
+    The kernel matrix is read in HWIO order, the order the exported kernels are stored in
+    (tpu_backend.weight_layout): the transpose here and the one that unpacks the stored kernel cancel, so the
+    call reads the stored array as it is instead of copying every kernel."""
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     n, c = x.shape[0], x.shape[1]
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
@@ -69,8 +73,9 @@ def _im2col(x, w, stride, padding, dilation, precision):
     wo = (xp.shape[3] - dw * (kw - 1) - 1) // sw + 1
     taps = [xp[:, :, i * dh: i * dh + sh * (ho - 1) + 1: sh, j * dw: j * dw + sw * (wo - 1) + 1: sw]
             for i in range(kh) for j in range(kw)]
-    patches = jnp.stack(taps, axis=2).reshape(n, c * kh * kw, ho * wo)  # rows ordered (c, i, j), as w's
-    y = jnp.einsum("ok,nkp->nop", w.reshape(o, c * kh * kw), patches, precision=precision)
+    patches = jnp.stack(taps, axis=1).reshape(n, kh * kw * c, ho * wo)  # rows ordered (i, j, c), as HWIO's
+    kernel = jnp.transpose(w, (2, 3, 1, 0)).reshape(kh * kw * c, o)
+    y = jnp.einsum("ko,nkp->nop", kernel, patches, precision=precision)
     return y.reshape(n, o, ho, wo)
 
 
