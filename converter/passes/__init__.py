@@ -15,9 +15,11 @@ from .fold_constants import fold_constants
 from .fold_matmul_transpose import fold_matmul_transpose
 from .lower_complex import lower_complex
 from .naming import name_tensors
+from .simplify import drop_redundant_broadcasts, fold_multiply_by_zero_or_one, remove_noop_ops
 
 __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_transpose", "fold_constants",
-           "remove_dead_code", "apply_dtype_policy", "lower_complex", "name_tensors"]
+           "remove_dead_code", "apply_dtype_policy", "lower_complex", "name_tensors", "fold_multiply_by_zero_or_one",
+           "remove_noop_ops", "drop_redundant_broadcasts"]
 
 # Order matters:
 # - complex arithmetic to real pairs first: no later pass (nor backend) meets a complex value, and the dtype
@@ -28,9 +30,12 @@ __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_
 # - dtype policy before constant folding, so folded values are computed in the final dtypes
 #   (an int64 arange folded first would carry int64 into the weights).
 # - constant folding, then dead code: folding leaves the weight-only subgraphs unread.
+# - the algebraic clean-ups after folding (a frozen batch norm's scale is a stored constant only once folded);
+#   x * 0 leaves a broadcast the next two may remove, and the branch it drops for dead code.
 # - naming last, over the final graph.
 SHARED_PASSES = [lower_complex, fold_matmul_transpose, fold_batchnorm, apply_dtype_policy, fold_constants,
-                 remove_dead_code, name_tensors]
+                 fold_multiply_by_zero_or_one, remove_noop_ops, drop_redundant_broadcasts, remove_dead_code,
+                 name_tensors]
 
 
 def run_shared_passes(prog: Program, passes=SHARED_PASSES, *, keep=KEEP_WHOLE) -> Program:
