@@ -217,6 +217,30 @@ def _sym_slice(lw, x: Val, dim, start, end, step) -> Val:
     return lw.op("STRIDED_SLICE", ins, lw.out_shape, x.dtype, x.perm, opts, version=4 if x.rank > 4 else 1)
 
 
+def _unfold_length_static(n) -> bool:
+    a = arguments(n)
+    shape = a["self"].meta["val"].shape
+    return len(shape) == 0 or isinstance(shape[a["dimension"] % len(shape)], int)
+
+
+# unfold(Tensor(a) self, int dimension, int size, int step) -> Tensor(a)
+# The windows are one GATHER of a constant [n, size] index along ``dimension``; the window dim it puts after
+# ``dimension`` is torch's last dim, carried as the value's layout (a transpose only where a reader needs one).
+@lowering(aten.unfold.default)
+@supported_if(_unfold_length_static)
+def unfold(lw, x, dimension, size, step):
+    if x.rank == 0:
+        return lw.reshape(x, [1])
+    d = dimension % x.rank
+    n = (x.shape[d] - size) // step + 1
+    idx = np.arange(n, dtype=np.int32)[:, None] * step + np.arange(size, dtype=np.int32)[None, :]
+    x = lw.with_perm(x, L.identity(x.rank))
+    last = x.rank  # the window dim, logically last
+    perm = tuple(range(d + 1)) + (last,) + tuple(range(d + 1, last))
+    ins = [lw.tensor(x), lw.const_tensor(idx, np.int32)]
+    return lw.op("GATHER", ins, lw.out_shape, x.dtype, perm, lw.options("Gather", axis=d))
+
+
 # select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)
 @lowering(aten.select.int)
 def select(lw, x, dim, index):

@@ -24,8 +24,8 @@ import dataclasses
 import functools
 import sys
 
-__all__ = ["inference_core_ops", "excluded_reason", "support_table", "coverage_text", "render_markdown",
-           "converter_decomposed", "scan_rows", "RowScan", "DYNAMIC_ONLY"]
+__all__ = ["inference_core_ops", "excluded_reason", "support_table", "beyond_core_ops", "beyond_core_table",
+           "coverage_text", "render_markdown", "converter_decomposed", "scan_rows", "RowScan", "DYNAMIC_ONLY"]
 
 # Ops no static-shape op row can put in a graph, and where they are tested instead.
 DYNAMIC_ONLY = {
@@ -225,6 +225,38 @@ def support_table(scan: RowScan | None = None) -> list[dict]:
     return table
 
 
+@functools.lru_cache(maxsize=None)
+def beyond_core_ops():
+    """[(name, OpOverload)] of the ATen overloads outside torch's core set that a backend lowers: the ones the
+    converter keeps whole (converter.decompositions.KEEP_WHOLE) and those torch.export leaves as they are."""
+    from tpu_export.converter.decompositions import decomposition_table
+    from tpu_export.converter.registry import op_name
+
+    core = {op for _, op, _ in core_ops()}
+    decomposed = decomposition_table()  # what torch.export's table rewrites into core ops, less KEEP_WHOLE
+    regs = _registries()
+    ops = {op for op in regs["tpu"] | regs["edge"]
+           if op not in core and op not in decomposed and getattr(op, "namespace", None) == "aten"}
+    return sorted(((op_name(op), op) for op in ops), key=lambda r: r[0])
+
+
+def beyond_core_table(scan: RowScan | None = None) -> list[dict]:
+    """support_table's rows for beyond_core_ops()."""
+    from tpu_export.edge.op_notes import EDGE_NOTES
+
+    regs = _registries()
+    tested = scan.tested if scan is not None else {}
+    builtins = scan.builtins if scan is not None else {}
+    table = []
+    for name, op in beyond_core_ops():
+        rows = sorted(set(tested.get(name, [])))
+        tpu, edge = op in regs["tpu"], op in regs["edge"]
+        note = EDGE_NOTES.get(name) or ("" if tpu and edge else "not lowered there: refused by name at conversion")
+        table.append({"op": name, "tpu": tpu, "edge": edge, "tested": rows[:3], "n_rows": len(rows),
+                      "litert": builtins.get(name, ()) if edge else (), "note": note})
+    return table
+
+
 def _pct(table, key):
     return 100.0 * sum(bool(r[key]) for r in table) / len(table)
 
@@ -250,6 +282,9 @@ def coverage_text(scan: RowScan | None = None) -> str:
     lines.append(f"tpu backend lowers {_pct(table, 'tpu'):.1f}%, edge backend lowers {_pct(table, 'edge'):.1f}%"
                  + (f" (not counting {dec} ops the converter decomposes before lowering: see docs/ops.md)"
                     if dec else ""))
+    lines += ["", f"{'ATen overload beyond core':42s} {'tpu':4s} {'edge':5s}"]
+    for r in beyond_core_table(scan):
+        lines.append(f"{r['op']:42s} {_yes(r['tpu']):4s} {_yes(r['edge']):5s}")
     return "\n".join(lines)
 
 
@@ -279,7 +314,16 @@ def render_markdown(scan: RowScan) -> str:
             "that row's NCHW boundary.",
             "", "| overload | TPU | edge | edge LiteRT builtins | tested by (op-test rows) | notes |",
             "|---|---|---|---|---|---|"]
-    for r in table:
+    beyond = beyond_core_table(scan)
+    for r in table + [None] + beyond:
+        if r is None:
+            out += ["", "## Beyond core ATen", "",
+                    "ATen overloads outside torch's core set that reach a backend whole: the ones the converter keeps "
+                    "whole because each maps onto a fused builtin or kernel, and those torch.export leaves as they "
+                    "are. An overload missing from both tables is decomposed into core ops before lowering.",
+                    "", "| overload | TPU | edge | edge LiteRT builtins | tested by (op-test rows) | notes |",
+                    "|---|---|---|---|---|---|"]
+            continue
         out.append(f"| `{r['op']}` | {'yes' if r['tpu'] else 'no'} | {'yes' if r['edge'] else 'no'} | "
                    f"{', '.join(r['litert'])} | {', '.join(r['tested']) or '-'} | {r['note']} |")
     return "\n".join(out) + "\n"
