@@ -138,7 +138,11 @@ class _StateLayer:
         pass
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if self.repeats > 1:  # equal copies of each KV head, consecutive (llm_families.cache_heads): keep the first
+        # equal copies of each KV head, consecutive (llm_families.cache_heads): keep the first, and hand attention
+        # the copies back. Where the model passes its KV heads once (Falcon's new decoder from transformers 5.25 on,
+        # whose attention repeats them itself), they go through as they are.
+        repeated = self.repeats > 1 and key_states.shape[1] != self.keys.shape[1]
+        if repeated:
             key_states, value_states = key_states[:, ::self.repeats], value_states[:, ::self.repeats]
         self.keys = cache_write(self.keys, key_states, self.pos, 2)
         self.values = cache_write(self.values, value_states, self.pos, 2)
@@ -146,7 +150,7 @@ class _StateLayer:
         keys, values = self.keys, self.values
         if self.window_slots is not None:  # a sliding layer's decode reads only its window (KVCacheLM._window)
             keys, values = keys.index_select(2, self.window_slots), values.index_select(2, self.window_slots)
-        if self.repeats > 1:
+        if repeated:
             keys, values = _repeat_heads(keys, self.repeats), _repeat_heads(values, self.repeats)
         return keys, values
 
