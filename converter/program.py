@@ -17,6 +17,27 @@ __all__ = ["TensorSpec", "Signature", "Program", "program_from_exported", "verif
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
+    """The name, shape and dtype of one input or output of a signature.
+
+    A dynamic dim is named by a string: the name of its ``torch.export.Dim`` (``"batch"``), or the symbol torch
+    gave it where the name cannot be told. Its allowed range is in the signature's ``dim_ranges``.
+
+    Attributes:
+        name: The tensor's name (an input's parameter name; outputs are ``output_0``, ``output_1``, ... or the
+            keys of a returned dict).
+        shape: One entry per dim: an int, or a str for a dynamic dim.
+        dtype: The tensor's torch dtype.
+        index_bound: For integer ids that feed an embedding: every value must lie in ``[0, index_bound)`` (the
+            runtimes check it, as torch does); None otherwise.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export.converter import TensorSpec
+        >>> spec = TensorSpec("x", ("batch", 4), torch.float32)
+        >>> spec.is_dynamic
+        True
+    """
+
     name: str
     shape: tuple  # ints, and str names for dynamic dims (e.g. "batch")
     dtype: torch.dtype
@@ -25,13 +46,40 @@ class TensorSpec:
 
     @property
     def is_dynamic(self) -> bool:
+        """Whether any dim is dynamic (named by a string)."""
         return any(isinstance(d, str) for d in self.shape)
 
 
 @dataclasses.dataclass
 class Signature:
-    """One entry point. ``graph_module``'s placeholders are the weights it reads (in the order
-    of ``weight_names``), then the user inputs (in the order of ``inputs``)."""
+    """One entry point of a Program: a core-ATen graph with its weights, inputs and outputs.
+
+    ``graph_module``'s placeholders are the weights it reads (in the order of ``weight_names``), then the
+    user inputs (in the order of ``inputs``). Both backends lower this graph; the signature's name is the
+    name the converted model answers to (``model(x, signature_name=...)``).
+
+    Attributes:
+        name: The signature's name (``"serving_default"`` for a single-signature conversion).
+        graph_module: The captured, decomposed graph.
+        weight_names: The Program weights the graph reads, in placeholder order.
+        inputs: The user inputs, flattened, in call order.
+        outputs: The outputs, flattened.
+        in_spec: The pytree spec of ``(args, kwargs)`` as the caller passes them.
+        out_spec: The pytree spec of the output (a tensor, a tuple, a dict...).
+        dim_ranges: Each dynamic dim's name -> its inclusive ``(min, max)``.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import converter
+        >>> batch = torch.export.Dim("batch", min=1, max=8)
+        >>> prog = converter.prepare(torch.nn.Linear(4, 2).eval(), (torch.ones(2, 4),),
+        ...                          dynamic_shapes=({0: batch},))
+        >>> sig = prog.signature()
+        >>> sig.inputs[0].shape, sig.dim_ranges
+        (('batch', 4), {'batch': (1, 8)})
+        >>> sig.op_histogram()
+        {'aten.linear.default': 1}
+    """
 
     name: str
     graph_module: torch.fx.GraphModule
@@ -55,8 +103,19 @@ class Signature:
     def output_nodes(self) -> list:
         return list(tree_leaves(next(n for n in self.graph.nodes if n.op == "output").args[0]))
 
-    def flatten_inputs(self, args=(), kwargs=None) -> list:
-        """User args/kwargs -> the flat list of tensors in ``inputs`` order."""
+    def flatten_inputs(self, args: tuple = (), kwargs: dict | None = None) -> list:
+        """The caller's positional and keyword arguments as the flat list of tensors in ``inputs`` order.
+
+        Args:
+            args: The positional arguments, as passed to the module.
+            kwargs: The keyword arguments, as passed to the module.
+
+        Returns:
+            The input tensors, one per entry of ``inputs``.
+
+        Raises:
+            TypeError: The arguments do not match the signature's inputs.
+        """
         flat, spec = tree_flatten((tuple(args), dict(kwargs or {})))
         if spec != self.in_spec and len(flat) != len(self.inputs):
             raise TypeError(
@@ -68,6 +127,11 @@ class Signature:
         return tree_unflatten(list(flat), self.out_spec)
 
     def op_histogram(self) -> dict[str, int]:
+        """How many times each op occurs in the graph.
+
+        Returns:
+            Op name (``"aten.linear.default"``) -> count.
+        """
         from .registry import op_name
 
         hist: dict[str, int] = {}
@@ -80,11 +144,43 @@ class Signature:
 
 @dataclasses.dataclass
 class Program:
+    """A captured model, as both backends take it: its signatures and the weights they share.
+
+    ``converter.prepare`` (or ``prepare_many`` for several signatures) builds one; the edge backend lowers it to
+    a ``.tflite`` and the TPU backend to StableHLO (``tpu_backend.export_program``). A weight used by several
+    signatures is stored once.
+
+    Attributes:
+        weights: Weight name -> tensor, shared by every signature.
+        signatures: Signature name -> Signature, in the order they were added.
+        enable_x64: Whether 64-bit dtypes stay 64-bit (else int64 and float64 compute as 32-bit).
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import converter
+        >>> prog = converter.prepare(torch.nn.Linear(4, 2).eval(), (torch.ones(1, 4),))
+        >>> sorted(prog.weights), list(prog.signatures)
+        (['bias', 'weight'], ['serving_default'])
+        >>> [(s.name, s.shape) for s in prog.signature().inputs]
+        [('input', (1, 4))]
+    """
+
     weights: dict[str, torch.Tensor]  # shared across signatures, each stored once
     signatures: dict[str, Signature]
     enable_x64: bool = False
 
     def signature(self, name: str | None = None) -> Signature:
+        """One signature, by name.
+
+        Args:
+            name: The signature's name; None: the first signature.
+
+        Returns:
+            The Signature.
+
+        Raises:
+            KeyError: The program has no signature of that name (the message lists the ones it has).
+        """
         if name is None:
             name = next(iter(self.signatures))
         try:
@@ -93,7 +189,11 @@ class Program:
             raise KeyError(f"no signature {name!r}; this program has {sorted(self.signatures)}") from None
 
     def fingerprint(self) -> str:
-        """A hash of the program's code and weights (for artifact manifests)."""
+        """A hash of the program's graphs and weights (artifact manifests record it).
+
+        Returns:
+            The SHA-256 hex digest of every signature's graph and every weight's name, shape, dtype and bytes.
+        """
         from .page_release import release_pages
 
         h = hashlib.sha256()

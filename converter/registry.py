@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -186,9 +186,37 @@ class LoweringContextBase:
 # ---------------------------------------------------------------------------- support and the table
 
 
-def supported_if(pred: Callable) -> Callable:
-    """Decorator: the lowering handles only nodes for which ``pred(node)`` is true (see the module
-    doc: the support check asks it before anything is written; a predicate that raises is a bug)."""
+def supported_if(pred: Callable[[torch.fx.Node], bool]) -> Callable[[Callable], Callable]:
+    """Decorator: limit a lowering to the nodes for which ``pred(node)`` is true.
+
+    ``edge.supported_if`` and ``tpu_backend.lowering.supported_if`` are this function. Put it under the
+    ``lowering`` decorator. The support check asks the predicate for every node of the op before anything is
+    written, so the nodes it refuses are reported with every other unsupported op, with the user's source line.
+    ``converter.registry.arguments(node)`` gives the predicate the node's arguments by schema name.
+
+    Args:
+        pred: ``pred(node) -> bool`` for an fx node of the op; ``node.meta["val"]`` is its output's fake tensor.
+            A predicate that raises is a bug, not a "no": the support check turns the error into a
+            ``LoweringError`` naming the op, the predicate and the node's source line.
+
+    Returns:
+        The decorator; it returns the lowering unchanged, with the predicate attached.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import converter
+        >>> from tpu_export.converter.registry import LoweringRegistry, supported_if
+        >>> table = LoweringRegistry("example")
+        >>> @table.lowering(torch.ops.aten.relu.default)
+        ... @supported_if(lambda node: node.meta["val"].dim() <= 4)
+        ... def relu(ctx, x):
+        ...     return x
+        >>> def relu_node(shape):
+        ...     prog = converter.prepare(torch.nn.ReLU().eval(), (torch.ones(shape),))
+        ...     return next(n for n in prog.signature().graph.nodes if n.op == "call_function")
+        >>> table.is_supported(relu_node((2, 3))), table.is_supported(relu_node((1, 1, 1, 1, 2)))
+        (True, False)
+    """
 
     def attach(fn):
         fn.supported_if = pred
@@ -198,16 +226,79 @@ def supported_if(pred: Callable) -> Callable:
 
 
 class LoweringRegistry:
-    """One backend's lowering table: op -> ``fn(ctx, *schema_bound_args)``."""
+    """One backend's lowering table: op -> ``fn(ctx, *schema_bound_args)``.
+
+    The edge backend's table is ``edge.EDGE`` (its ``lowering`` method is ``edge.lowering``), the TPU
+    backend's is ``tpu_backend.lowering.JAX_LOWERINGS`` (``tpu_backend.lowering.lowering``). Register your own
+    ops through those names; a table of your own is only useful for trying the contract out.
+
+    Args:
+        backend: The backend's name, used in error messages (``"edge"``, ``"tpu"``).
+    """
 
     def __init__(self, backend: str):
         self.backend = backend
         self._table: dict[object, Callable] = {}
 
-    def lowering(self, *targets, override: bool = False) -> Callable[[Callable], Callable]:
-        """Decorator: register fn as the lowering of each given op. ``override=True`` replaces the
-        lowering an op has (or registers it when it has none); without it a second registration
-        raises ``DuplicateLoweringError`` naming both sites."""
+    def lowering(self, *targets: Any, override: bool = False) -> Callable[[Callable], Callable]:
+        """Decorator: register the decorated function as the lowering of each given op.
+
+        This is how a ``torch.library`` custom op (or an ATen op, with ``override=True``) gets lowered:
+        ``@edge.lowering(op)`` for the LiteRT backend, ``@tpu_backend.lowering.lowering(op)`` for the TPU backend.
+        The function is called as ``fn(ctx, *args)``: ``args`` are the op's schema arguments in schema order,
+        defaults filled in and keyword-only ones last, with tensors as the backend's values (on the edge a
+        lowered value with ``.shape``, ``.dtype`` and ``.perm``; on the TPU a jax array). ``ctx`` has
+        ``ctx.node``, ``ctx.out_dtype``, ``ctx.out_shape`` (and the plural forms for several outputs) on both
+        backends; the edge context also emits LiteRT builtins (``ctx.op``, ``ctx.tensor``, ``ctx.const``,
+        ``ctx.options``). An exception the function raises reaches the user as one ``LoweringError`` naming the
+        backend, the op and the model's source line.
+
+        Args:
+            *targets: The ops to lower: ``torch.ops.<namespace>.<op>.<overload>`` (``OpOverload``) objects.
+            override: Replace the lowering an op already has (a built-in one, for an ATen op); without it a
+                second registration of the op is an error.
+
+        Returns:
+            The decorator; it registers the function and returns it unchanged.
+
+        Raises:
+            DuplicateLoweringError: An op already has a lowering in this table and ``override`` is False (the
+                message names both functions with their file and line).
+            TypeError: The decorated object is not callable.
+
+        Examples:
+            >>> import numpy as np
+            >>> import torch
+            >>> from tpu_export import converter, edge, litert_torch, tpu_backend
+            >>> from tpu_export.tpu_backend.lowering import lowering as tpu_lowering
+            >>> @torch.library.custom_op("tpu_export_docs::double", mutates_args=())
+            ... def double(x: torch.Tensor) -> torch.Tensor:
+            ...     return x * 2
+            >>> @double.register_fake
+            ... def _(x):
+            ...     return torch.empty_like(x)
+            >>> @edge.lowering(torch.ops.tpu_export_docs.double.default)       # LiteRT: one MUL builtin
+            ... def double_litert(lw, x):
+            ...     two = lw.tensor(lw.const(np.asarray(2, x.dtype)))
+            ...     return lw.op("MUL", [lw.tensor(x), two], x.shape, x.dtype, x.perm, lw.options("Mul"))
+            >>> @tpu_lowering(torch.ops.tpu_export_docs.double.default)       # TPU: a jax function
+            ... def double_jax(ctx, x):
+            ...     return x * 2
+            >>> class M(torch.nn.Module):
+            ...     def forward(self, x):
+            ...         return double(x) + 1
+            >>> m, x = M().eval(), torch.ones(2, 3)
+            >>> litert_torch.convert(m, (x,))(x)
+            tensor([[3., 3., 3.],
+                    [3., 3., 3.]])
+            >>> tpu_backend.export_program(converter.prepare(m, (x,)))(x)
+            tensor([[3., 3., 3.],
+                    [3., 3., 3.]])
+            >>> edge.lowering(torch.ops.tpu_export_docs.double.default)(double_litert)
+            Traceback (most recent call last):
+            ...
+            tpu_export.converter.registry.DuplicateLoweringError: edge: ... is already lowered by ...
+        """
 
         def register(fn: Callable) -> Callable:
             for t in targets:

@@ -2,22 +2,66 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
+
+    from tpu_export.edge.quantize import QuantConfig
+
+    from ._model import Model
 
 __all__ = ["convert", "signature", "Converter"]
 
 
 class Converter:
-    """Collects signatures (name, module, sample inputs) and converts them into one Model whose
-    signatures share weights: a parameter common to several modules is stored once."""
+    """Collects signatures (name, module, sample inputs) and converts them into one Model.
 
-    def __init__(self):
+    ``litert_torch.signature(...)`` starts one. The signatures share weights: a parameter common to several
+    modules (an encoder and a decoder holding the same embedding) is stored once.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import litert_torch
+        >>> encode, decode = torch.nn.Linear(4, 8).eval(), torch.nn.Linear(8, 4).eval()
+        >>> model = (litert_torch.signature("encode", encode, (torch.ones(1, 4),))
+        ...          .signature("decode", decode, (torch.ones(1, 8),))
+        ...          .convert())
+        >>> model.signature_names()
+        ['encode', 'decode']
+        >>> model(torch.ones(1, 4), signature_name="encode").shape
+        torch.Size([1, 8])
+    """
+
+    def __init__(self) -> None:
         self._requests: list = []
 
-    def signature(self, name: str, module, sample_args=None, sample_kwargs=None, *,
-                  dynamic_shapes: Any = None, dim_sizes: dict | None = None) -> "Converter":
-        """``module``: an nn.Module, ExportedProgram, .pt2 path, or an ONNX model (an .onnx path or an
-        onnx.ModelProto: sample inputs optional; ``dim_sizes={"batch": 1}`` fixes its named dims)."""
+    def signature(self, name: str,
+                  module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto,
+                  sample_args: tuple[Any, ...] | None = None, sample_kwargs: dict[str, Any] | None = None, *,
+                  dynamic_shapes: Any = None, dim_sizes: dict[str, int] | None = None) -> Converter:
+        """Add a signature: a named entry point of the converted model.
+
+        Args:
+            name: The signature's name (``model(..., signature_name=name)`` runs it).
+            module: An ``nn.Module`` (called as ``module(*sample_args, **sample_kwargs)``), a
+                ``torch.export.ExportedProgram``, the path of a ``.pt2`` file saved by ``torch.export.save``, or an
+                ONNX model (an ``.onnx`` path or an ``onnx.ModelProto``: sample inputs optional, shapes come from the
+                graph).
+            sample_args: Example positional inputs: a tuple, or a single tensor.
+            sample_kwargs: Example keyword inputs.
+            dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
+            dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+
+        Returns:
+            This Converter, to chain ``.signature(...)`` calls and end with ``.convert()``.
+
+        Raises:
+            ValueError: A signature of that name was already added.
+            TypeError: ``dim_sizes`` is given for a model that is not ONNX.
+        """
         from tpu_export.converter import SignatureRequest
         from tpu_export.converter.onnx import is_onnx
 
@@ -33,10 +77,62 @@ class Converter:
         self._requests.append(SignatureRequest(name, module, args, sample_kwargs, dynamic_shapes))
         return self
 
-    def convert(self, module=None, sample_args=None, sample_kwargs=None, *, strict_export="auto",
-                quant_config=None, calibration_data=None, dynamic_shapes=None, enable_x64=False,
-                output_file_path=None, lightweight_conversion=False, delete_in_memory_params=False,
-                weights_loader=None, progress=None, dim_sizes=None):
+    def convert(self,
+                module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto
+                | None = None,
+                sample_args: tuple[Any, ...] | None = None, sample_kwargs: dict[str, Any] | None = None, *,
+                strict_export: bool | str = "auto",
+                quant_config: str | QuantConfig | list[dict] | None = None,
+                calibration_data: Iterable[tuple[Any, ...]] | None = None, dynamic_shapes: Any = None,
+                enable_x64: bool = False, output_file_path: str | os.PathLike[str] | None = None,
+                lightweight_conversion: bool = False, delete_in_memory_params: bool = False,
+                weights_loader: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+                progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None) -> Model:
+        """Convert the signatures added so far (and ``module``, if given) into one LiteRT Model.
+
+        Args:
+            module: Optional: one more module, added as the signature ``"serving_default"`` (what
+                ``litert_torch.convert(module, ...)`` does).
+            sample_args: Example positional inputs: a tuple, or a single tensor.
+            sample_kwargs: Example keyword inputs.
+            strict_export: ``torch.export`` tracing: ``"auto"`` (non-strict first, then strict), ``True`` or ``False``.
+            quant_config: Quantize the model: a scheme name (``"dynamic_int8"``, ``"weight_only_int8"``,
+                ``"weight_only_int4"``, ``"dynamic_int4_block32"``, ``"fp16"``, ``"static_int8"``), a ``QuantConfig``
+                (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an ai-edge-quantizer recipe (a list of
+                dicts). None: float32.
+            calibration_data: For static int8 only: an iterable of sample-argument tuples the activation ranges are
+                measured on.
+            dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
+            enable_x64: Keep 64-bit dtypes 64-bit (by default int64 and float64 compute as 32-bit).
+            output_file_path: Write the ``.tflite`` there, streaming the weights into the file (no whole-model bytes
+                in memory), and return a Model that memory-maps it. Past 2 GiB the file is in the large-model form
+                (weights after the flatbuffer).
+            lightweight_conversion: The same streaming write into a temporary file when no path is given (deleted
+                with the Model).
+            delete_in_memory_params: Free each parameter's storage once its bytes are in the file (the module is
+                unusable afterwards).
+            weights_loader: For a module built on the meta device: a callable ``name -> tensor`` or a dict giving the
+                parameter values by ``named_parameters()`` name, loaded one at a time into a file-backed map
+                (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
+            progress: Called with a line per long step (weights written: tensors, MiB, MiB/s).
+            dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+
+        Returns:
+            The converted Model (on the file, with ``output_file_path``).
+
+        Raises:
+            tpu_export.converter.ExportFailedError: ``module`` is not something this converts, or ``torch.export``
+                failed on it (the message explains the cause and the fix).
+            tpu_export.converter.UnsupportedOpsError: The model uses ops the LiteRT backend does not lower (all of them
+                are listed, with their source lines, before anything is written).
+            tpu_export.litert_torch.QuantizationError: ``quant_config`` names no scheme, or the calibration data do
+                not fit the model (a ValueError).
+            ValueError: ``calibration_data`` is given without static int8 quantization, or nothing was added to
+                convert.
+            TypeError: ``dim_sizes`` is given for a model that is not ONNX.
+            MemoryError: The conversion would need more memory than the machine has available (nothing was
+                started; the message says which of the large-model options to use).
+        """
         from tpu_export.converter import prepare_many
         from tpu_export.converter.gc_pause import gc_paused
         from tpu_export.edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
@@ -80,35 +176,87 @@ class Converter:
         return result
 
 
-def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto", quant_config=None,
-            calibration_data=None, dynamic_shapes=None, enable_x64=False, output_file_path=None,
-            lightweight_conversion=False, delete_in_memory_params=False, weights_loader=None, progress=None,
-            dim_sizes=None):
-    """Convert ``module`` (called as module(*sample_args, **sample_kwargs)) to a LiteRT Model.
+def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto,
+            sample_args: tuple[Any, ...] | None = None, sample_kwargs: dict[str, Any] | None = None, *,
+            strict_export: bool | str = "auto",
+            quant_config: str | QuantConfig | list[dict] | None = None,
+            calibration_data: Iterable[tuple[Any, ...]] | None = None, dynamic_shapes: Any = None,
+            enable_x64: bool = False, output_file_path: str | os.PathLike[str] | None = None,
+            lightweight_conversion: bool = False, delete_in_memory_params: bool = False,
+            weights_loader: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
+            progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None) -> Model:
+    """Convert a PyTorch module to a LiteRT Model (a ``.tflite``), as litert-torch's ``convert`` does.
 
-    ``module`` may be an ONNX model: an ``.onnx`` path or an ``onnx.ModelProto`` (sample inputs optional;
-    ``dim_sizes={"batch": 1}`` fixes named dims, the others stay dynamic).
+    The module is captured with ``torch.export`` and lowered to LiteRT builtin ops (no TensorFlow). The Model
+    runs on the LiteRT interpreter with the module's calling convention and writes the ``.tflite`` with
+    ``model.export(path)``. Large models: ``output_file_path``, ``lightweight_conversion``,
+    ``delete_in_memory_params`` and ``weights_loader`` keep the weights out of memory (litert-torch 0.10's names
+    and meanings). With ``quant_config`` ``"dynamic_int8"``, ``"weight_only_int8"`` or
+    ``"dynamic_int4_block32"``, a file output and more than 1 GiB of weights, the weights are quantized as they
+    are written, without a float copy of the model in memory.
 
-    ``quant_config``: a scheme name ("dynamic_int8", "weight_only_int8", "weight_only_int4", "fp16",
-    "static_int8"), a ``QuantConfig`` (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an
-    ai-edge-quantizer recipe; ``calibration_data``: an iterable of sample-argument tuples (static int8).
+    Args:
+        module: An ``nn.Module`` (called as ``module(*sample_args, **sample_kwargs)``), a
+            ``torch.export.ExportedProgram``, the path of a ``.pt2`` file saved by ``torch.export.save``, or an
+            ONNX model (an ``.onnx`` path or an ``onnx.ModelProto``: sample inputs optional, shapes come from the
+            graph).
+        sample_args: Example positional inputs: a tuple, or a single tensor.
+        sample_kwargs: Example keyword inputs.
+        strict_export: ``torch.export`` tracing: ``"auto"`` (non-strict first, then strict), ``True`` or ``False``.
+        quant_config: Quantize the model: a scheme name (``"dynamic_int8"``, ``"weight_only_int8"``,
+            ``"weight_only_int4"``, ``"dynamic_int4_block32"``, ``"fp16"``, ``"static_int8"``), a ``QuantConfig``
+            (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an ai-edge-quantizer recipe (a list of
+            dicts). None: float32.
+        calibration_data: For static int8 only: an iterable of sample-argument tuples the activation ranges are
+            measured on.
+        dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
+        enable_x64: Keep 64-bit dtypes 64-bit (by default int64 and float64 compute as 32-bit).
+        output_file_path: Write the ``.tflite`` there, streaming the weights into the file (no whole-model bytes
+            in memory), and return a Model that memory-maps it. Past 2 GiB the file is in the large-model form
+            (weights after the flatbuffer).
+        lightweight_conversion: The same streaming write into a temporary file when no path is given (deleted
+            with the Model).
+        delete_in_memory_params: Free each parameter's storage once its bytes are in the file (the module is
+            unusable afterwards).
+        weights_loader: For a module built on the meta device: a callable ``name -> tensor`` or a dict giving the
+            parameter values by ``named_parameters()`` name, loaded one at a time into a file-backed map
+            (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
+        progress: Called with a line per long step (weights written: tensors, MiB, MiB/s).
+        dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
 
-    Large models (litert-torch 0.10's names and meanings):
-    ``output_file_path``: write the .tflite there, streaming the weights into the file (no
-    whole-model bytes in memory), and return a Model that memory-maps it; past 2 GiB the file is
-    in the large-model form (weights after the flatbuffer). ``lightweight_conversion``: the same
-    streaming write into a temp file when no path is given (deleted with the Model).
-    ``delete_in_memory_params``: free each parameter's storage once its bytes are in the file
-    (the module is unusable afterwards). ``weights_loader``: a callable ``name -> tensor`` or a
-    dict giving parameter values by ``named_parameters()`` name; with the module built on the meta
-    device, weights are loaded one at a time into a file-backed map, never all in memory
-    (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
-    ``progress(msg)``: a line per long step (weights written: tensors, MiB, MiB/s).
-    With ``quant_config`` ``"dynamic_int8"``, ``"weight_only_int8"`` or ``"dynamic_int4_block32"``, a
-    file output and more than 1 GiB of weights, the quantization runs while streaming: each
-    FULLY_CONNECTED weight and embedding table (made an EMBEDDING_LOOKUP) gets the bytes and scales
-    ai-edge-quantizer's recipe of that name gives it as it is written, without a float copy of the
-    model in memory; other constants (convolutions) stay float.
+    Returns:
+        The converted Model: ``model(*sample_args)`` runs it, ``model.export(path)`` writes the ``.tflite``.
+
+    Raises:
+        tpu_export.converter.ExportFailedError: ``module`` is not something this converts, or ``torch.export``
+            failed on it (the message explains the cause and the fix).
+        tpu_export.converter.UnsupportedOpsError: The model uses ops the LiteRT backend does not lower (all of them
+            are listed, with their source lines, before anything is written).
+        tpu_export.litert_torch.QuantizationError: ``quant_config`` names no scheme, or the calibration data do
+            not fit the model (a ValueError).
+        ValueError: ``calibration_data`` is given without static int8 quantization.
+        TypeError: ``dim_sizes`` is given for a model that is not ONNX.
+        MemoryError: The conversion would need more memory than the machine has available (nothing was
+            started; the message says which of the large-model options to use).
+
+    Examples:
+        >>> import os, tempfile
+        >>> import torch
+        >>> from tpu_export import litert_torch
+        >>> m = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()).eval()
+        >>> x = torch.ones(1, 4)
+        >>> model = litert_torch.convert(m, (x,))
+        >>> torch.allclose(model(x), m(x), atol=1e-6)
+        True
+        >>> model.export(os.path.join(tempfile.mkdtemp(), "m.tflite"))
+        >>> small = litert_torch.convert(m, (x,), quant_config="dynamic_int8")      # int8 weights
+
+        A dynamic batch:
+
+        >>> batch = torch.export.Dim("batch", min=1, max=8)
+        >>> model = litert_torch.convert(m, (torch.ones(2, 4),), dynamic_shapes=({0: batch},))
+        >>> model(torch.ones(5, 4)).shape
+        torch.Size([5, 2])
     """
     return Converter().convert(module, sample_args, sample_kwargs, strict_export=strict_export,
                                quant_config=quant_config, calibration_data=calibration_data,
@@ -118,8 +266,40 @@ def convert(module, sample_args=None, sample_kwargs=None, *, strict_export="auto
                                progress=progress, dim_sizes=dim_sizes)
 
 
-def signature(name: str, module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None,
-              dim_sizes=None) -> Converter:
-    """Start a multi-signature conversion: signature(...).signature(...).convert()."""
+def signature(name: str,
+              module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto,
+              sample_args: tuple[Any, ...] | None = None, sample_kwargs: dict[str, Any] | None = None, *,
+              dynamic_shapes: Any = None, dim_sizes: dict[str, int] | None = None) -> Converter:
+    """Start a multi-signature conversion: ``signature(...).signature(...).convert()``.
+
+    Each signature is a named entry point of one Model; the modules' shared parameters are stored once.
+
+    Args:
+        name: The signature's name (``model(..., signature_name=name)`` runs it).
+        module: An ``nn.Module`` (called as ``module(*sample_args, **sample_kwargs)``), a
+            ``torch.export.ExportedProgram``, the path of a ``.pt2`` file saved by ``torch.export.save``, or an
+            ONNX model (an ``.onnx`` path or an ``onnx.ModelProto``: sample inputs optional, shapes come from the
+            graph).
+        sample_args: Example positional inputs: a tuple, or a single tensor.
+        sample_kwargs: Example keyword inputs.
+        dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
+        dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+
+    Returns:
+        A Converter holding this signature; add more with ``.signature(...)``, then call ``.convert()``.
+
+    Raises:
+        TypeError: ``dim_sizes`` is given for a model that is not ONNX.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import litert_torch
+        >>> m = torch.nn.Linear(4, 2).eval()
+        >>> model = (litert_torch.signature("one", m, (torch.ones(1, 4),))
+        ...          .signature("eight", m, (torch.ones(8, 4),))
+        ...          .convert())
+        >>> model(torch.ones(8, 4), signature_name="eight").shape
+        torch.Size([8, 2])
+    """
     return Converter().signature(name, module, sample_args, sample_kwargs, dynamic_shapes=dynamic_shapes,
                                  dim_sizes=dim_sizes)

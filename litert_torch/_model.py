@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,13 +34,42 @@ class SignatureNotFoundError(KeyError):
 
 
 class Model:
-    """``model(*args, signature_name=..., **kwargs)`` runs a signature on the LiteRT interpreter
-    (XNNPACK) and returns torch tensors in the structure the PyTorch module returned."""
+    """A converted ``.tflite``, called like the PyTorch module it came from.
 
-    def __init__(self, tflite_model, *, _source: str | None = None):
-        """``tflite_model``: the .tflite bytes, or the path of a .tflite file, which is memory-mapped
-        (the weights are never read into memory; the interpreter maps the same file). A file in the
-        large-model form (past 2 GiB: weights after the flatbuffer) loads only from a path."""
+    ``model(*args, signature_name=..., **kwargs)`` runs a signature on the LiteRT interpreter (XNNPACK) and
+    returns torch tensors in the structure the module returned. The inputs are checked first (names, rank,
+    dims and their ranges, dtype), as the TPU runtime checks them. ``litert_torch.convert`` returns a Model;
+    ``litert_torch.load(path)`` reads one from a file. One Model may be shared by threads (one call runs at a
+    time).
+
+    The ``.tflite`` is checked before the interpreter reads it: a truncated or corrupt file is refused with a
+    ``TfliteFormatError`` naming it, never handed to the interpreter.
+
+    Args:
+        tflite_model: The ``.tflite`` bytes, or the path of a ``.tflite`` file, which is memory-mapped (the
+            weights are never read into memory; the interpreter maps the same file). A file in the large-model
+            form (past 2 GiB: weights after the flatbuffer) loads only from a path.
+
+    Raises:
+        tpu_export.litert_torch.TfliteFormatError: The bytes or file are not a valid ``.tflite`` (a ValueError).
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import litert_torch
+        >>> m = torch.nn.Linear(4, 2).eval()
+        >>> model = litert_torch.convert(m, (torch.ones(1, 4),))
+        >>> copy = litert_torch.Model(model.tflite_model())      # from the bytes
+        >>> copy.signature_names()
+        ['serving_default']
+        >>> torch.allclose(copy(torch.ones(1, 4)), m(torch.ones(1, 4)), atol=1e-6)
+        True
+        >>> litert_torch.Model(b"not a model")
+        Traceback (most recent call last):
+        ...
+        tpu_export.edge.tflite_check.TfliteFormatError: the .tflite bytes given to Model: not a valid .tflite: ...
+    """
+
+    def __init__(self, tflite_model: bytes | str | os.PathLike[str], *, _source: str | None = None) -> None:
         from tpu_export.edge.tflite_check import TfliteFormatError, check_tflite, map_tflite
 
         self._path = None
@@ -72,7 +102,11 @@ class Model:
 
     # ------------------------------------------------------------------ API
     def tflite_model(self) -> bytes:
-        """The .tflite's bytes (for a Model on a file: read from its map, the whole file)."""
+        """The ``.tflite``'s bytes (for a Model on a file: read from its map, the whole file).
+
+        Returns:
+            The flatbuffer's bytes.
+        """
         return self._data if isinstance(self._data, bytes) else bytes(self._data)
 
     @property
@@ -81,10 +115,33 @@ class Model:
         return self._path
 
     def signature_names(self) -> list[str]:
+        """The model's signature names, in the order they were converted.
+
+        Returns:
+            The names (``["serving_default"]`` for a single-signature conversion).
+        """
         return list(self._signatures)
 
-    def export(self, path) -> None:
-        """Write the .tflite atomically (a temp file in the same folder, then a rename; mode from the umask)."""
+    def export(self, path: str | os.PathLike[str]) -> None:
+        """Write the ``.tflite`` to ``path``, atomically: a temporary file in the same folder, then a rename.
+
+        Args:
+            path: The file to write (its folder must exist). The file's mode follows the umask.
+
+        Raises:
+            tpu_export.litert_torch.ModelExportError: The file cannot be written there (an OSError; nothing was
+                left behind).
+
+        Examples:
+            >>> import os, tempfile
+            >>> import torch
+            >>> from tpu_export import litert_torch
+            >>> model = litert_torch.convert(torch.nn.Linear(4, 2).eval(), (torch.ones(1, 4),))
+            >>> path = os.path.join(tempfile.mkdtemp(), "linear.tflite")
+            >>> model.export(path)
+            >>> litert_torch.load(path).signature_names()
+            ['serving_default']
+        """
         from tpu_export.converter.atomic import write_file
 
         path = os.fspath(path)
@@ -98,7 +155,25 @@ class Model:
                 "Fix: pick a path in an existing, writable folder."
             ) from e
 
-    def __call__(self, *args, signature_name: str = "serving_default", **kwargs):
+    def __call__(self, *args: Any, signature_name: str = "serving_default", **kwargs: Any) -> Any:
+        """Run a signature on the LiteRT interpreter.
+
+        Args:
+            *args: The positional inputs, as the module took them (torch tensors or numpy arrays).
+            signature_name: The signature to run; the default also runs a model's only signature whatever its
+                name.
+            **kwargs: The keyword inputs, as the module took them.
+
+        Returns:
+            The outputs as torch tensors, in the structure the module returned (a tensor, a tuple, a dict...).
+
+        Raises:
+            tpu_export.litert_torch.SignatureNotFoundError: The model has no signature of that name (a KeyError;
+                the message lists the ones it has).
+            tpu_export.converter.input_check.InputValueError: An input's name, rank, dims, dim range or dtype does
+                not match the signature (a ValueError).
+            tpu_export.litert_torch.ModelRunError: The interpreter failed to prepare or run the signature.
+        """
         if signature_name not in self._signatures:
             if len(self._signatures) == 1 and signature_name == "serving_default":
                 signature_name = next(iter(self._signatures))
@@ -150,12 +225,32 @@ def _copier(data):
 _MAP_FROM = 64 << 20
 
 
-def load(path) -> Model:
-    """A Model from a .tflite file (only the flatbuffer is read; nothing in it is executed).
+def load(path: str | os.PathLike[str]) -> Model:
+    """Load a ``.tflite`` file as a Model (only the flatbuffer is read; nothing in it is executed).
 
-    A file of 64 MiB or more (the large-model form past 2 GiB included) is memory-mapped, its
-    weights paged in by the interpreter as it runs. A truncated or corrupt file raises
-    TfliteFormatError (a ValueError) naming it."""
+    A file of 64 MiB or more (the large-model form past 2 GiB included) is memory-mapped, its weights paged
+    in by the interpreter as it runs; a smaller one is read into memory.
+
+    Args:
+        path: The ``.tflite`` file (written by ``Model.export``, or by any LiteRT converter).
+
+    Returns:
+        The Model, called like the module it was converted from.
+
+    Raises:
+        tpu_export.litert_torch.TfliteFormatError: The file is missing, truncated or not a valid ``.tflite`` (a
+            ValueError naming the file).
+
+    Examples:
+        >>> import os, tempfile
+        >>> import torch
+        >>> from tpu_export import litert_torch
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.tflite")
+        >>> litert_torch.convert(torch.nn.Linear(4, 2).eval(), (torch.ones(1, 4),)).export(path)
+        >>> model = litert_torch.load(path)
+        >>> model(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
+    """
     from tpu_export.edge.tflite_check import read_tflite
 
     path = os.fspath(path)

@@ -20,13 +20,16 @@ import gc
 import json
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tpu_export.converter.atomic import discard, publish_dir, staging_dir, write_file
 
 from .files import artifact_size
 from .lm_source import LmSource, LmSourceError, load_lm_source
 from .registry import IotTarget, get_target
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_CACHE_LEN", "LM_META", "Stages", "capture_lm", "check_lm_chat_template", "convert_lm",
            "edge_lm_bytes", "lm_meta", "write_litertlm_bundle"]
@@ -52,18 +55,68 @@ class Stages:
         self.say(f"{key}: done in {dt:.2f} s")
 
 
-def convert_lm(source, targets, out_dir, *, tokenizer=None, prefill_lengths=(32,), cache_len: int | None = None,
-               quantize=None, progress: Callable[[str], None] | None = None,
-               allow_nonfinite_weights: bool = False, verify: bool = True) -> dict:
-    """Convert ``source`` for ``targets`` (names, or {name: options}) into ``out_dir``; {target: {file: path}}.
+def convert_lm(source: str | os.PathLike[str] | torch.nn.Module, targets: str | Sequence[str] | Mapping[str, Any],
+               out_dir: str | os.PathLike[str], *, tokenizer: Any = None, prefill_lengths: Sequence[int] = (32,),
+               cache_len: int | None = None, quantize: str | None = None,
+               progress: Callable[[str], None] | None = None, allow_nonfinite_weights: bool = False,
+               verify: bool = True) -> dict[str, dict[str, str]]:
+    """Convert a causal LM, with its KV cache, for every target into ``out_dir``.
 
-    ``cache_len``: slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
-    module brings its own). ``quantize``: a scheme for every target that takes it (edge: dynamic_int8,
-    weight_only_int8, weight_only_int4, dynamic_int4_block32, fp16; TPU: weight_only_int8; TPU bf16 is the
-    target option dtype="bfloat16"); per-target options override it. ``allow_nonfinite_weights``: convert a model
-    with NaN or infinite weights (warned) instead of refusing it. ``verify``: before publishing, run each
-    artifact's prefill and decode on a sample prompt and compare the logits with the source model's own forward
-    (targets/lm_verify.py); past the target's bound nothing is published (LmSourceError). False: skip it.
+    The model is captured once (a prefill signature per prefill length and a decode signature, the cache as
+    explicit state) and written per target: for edge targets a ``.tflite`` and a ``.litertlm`` bundle for the
+    LiteRT-LM engine, for TPU targets the StableHLO artifact (AOT-compiled per TPU generation when libtpu is
+    installed). Every target folder also gets ``lm.json`` and ``tokenizer.json``, so that ``load_generator`` can
+    run it. Targets and options are checked before the model is loaded; everything is built in a staging folder
+    and ``out_dir`` is replaced in one step, with a ``summary.json``: a failure leaves it as it was. Nothing is
+    downloaded.
+
+    Args:
+        source: A Hugging Face model directory (``config.json``, safetensors weights, tokenizer), a transformers
+            causal LM object (pass its ``tokenizer``), or a module that follows the cache protocol.
+        targets: A target name, a list of names, or ``{name: options}`` (e.g. ``{"tpu-v6e": {"aot": False}}``).
+            Not ``iot``.
+        out_dir: The folder to write (replaced whole): a missing or empty folder, or one this function wrote.
+        tokenizer: The tokenizer of a model object (a transformers tokenizer); a model directory brings its own.
+        prefill_lengths: The prompt lengths to export a prefill signature for (a prompt runs in the shortest one
+            that fits it).
+        cache_len: Slots of the KV cache, which is also the bundle's max tokens (default 1024; a cache-protocol
+            module brings its own).
+        quantize: A scheme for every target that takes it (edge: ``dynamic_int8``, ``weight_only_int8``,
+            ``weight_only_int4``, ``dynamic_int4_block32``, ``fp16``; TPU: ``weight_only_int8``). Per-target
+            options override it; TPU bf16 is the target option ``dtype="bfloat16"``.
+        progress: Called with one line per stage (load, capture, verify, each target's steps).
+        allow_nonfinite_weights: Convert a model with NaN or infinite weights (with a warning) instead of refusing
+            it.
+        verify: Before publishing, run each artifact's prefill and decode on a sample prompt and compare the
+            logits with the source model's own forward; past the target's bound nothing is published. False skips
+            it.
+
+    Returns:
+        Target name -> {file name -> path}, e.g. ``{"android": {"model.tflite": ..., "model.litertlm": ...,
+        "lm.json": ..., "tokenizer.json": ...}}``.
+
+    Raises:
+        ValueError: A target name is unknown, named twice or is ``iot``; static int8 is asked for; or ``out_dir``
+            holds something this function did not write.
+        TypeError: A target option is unknown or has the wrong type (``OptionsError``).
+        tpu_export.targets.lm_source.LmSourceError: The model directory, object or tokenizer cannot be converted,
+            or an artifact's logits are off the source model's past the target's bound (a ValueError; the message
+            names the file and the fix).
+        tpu_export.converter.UnsupportedModelError: The model uses a feature the export does not implement (named
+            in the message).
+
+    Examples:
+        ``model_dir`` is a Hugging Face model directory (here a tiny seeded Llama):
+
+        >>> import os, tempfile
+        >>> import tpu_export
+        >>> out = os.path.join(tempfile.mkdtemp(), "out")
+        >>> written = tpu_export.convert_lm(model_dir, {"android": {}, "tpu-v6e": {"aot": False}}, out,
+        ...                                 prefill_lengths=(8,), cache_len=64)
+        >>> sorted(written["android"]), sorted(written["tpu-v6e"])
+        (['lm.json', 'model.litertlm', 'model.tflite', 'tokenizer.json'], ['lm.json', 'model.tpuexp', 'tokenizer.json'])
+        >>> tpu_export.load_generator(os.path.join(out, "tpu-v6e")).generate("hello", 4).new_tokens <= 4
+        True
     """
     say = progress or (lambda msg: None)
     resolved, opts = _resolve(targets, quantize)

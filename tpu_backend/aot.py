@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from typing import TYPE_CHECKING, Iterable
 
 from .aot_signature import AotError, HbmOverflowError, compile_signature, signature_job
 from .artifact.compiled import CompiledSignature, CompiledTarget
@@ -35,6 +36,9 @@ from .artifact.versions import runtime_versions
 from .chips import ChipSpec, InvalidTopologyError, Topology, parse_topology
 from .compile_cache import cache_folder
 from .host import prepare_cpu_host, x64_scope
+
+if TYPE_CHECKING:
+    from .export import ExportedBundle
 
 __all__ = ["compile_for", "compile_many", "compile_on_devices", "topology_devices", "HbmOverflowError", "AotError",
            "InvalidTopologyError", "prepare_cpu_host", "signature_job", "compile_signature", "finish_target",
@@ -67,21 +71,56 @@ def topology_devices(topo: Topology) -> list:
         raise AotError(f"could not describe TPU slice {topo.libtpu_name!r}: {msg.splitlines()[0]}") from None
 
 
-def compile_for(bundle, target: str, topology: str | None = None, *, dim_values: dict | None = None,
-                hbm_bytes: int | None = None, signatures=None, cache_dir=None, in_process: bool | None = None,
-                timeout_s: float | None = None) -> CompiledTarget:
-    """Compile every signature of ``bundle`` for ``target`` (``tpu-v5e``, ``tpu-v6e``, ``tpu-v5p``,
-    ``tpu-v7x``) on ``topology`` (e.g. ``"2x2"``; default: one chip), record executables and
-    the cost/memory report in the bundle, and return them.
+def compile_for(bundle: ExportedBundle, target: str, topology: str | None = None, *,
+                dim_values: dict[str, int] | None = None, hbm_bytes: int | None = None,
+                signatures: Iterable[str] | None = None, cache_dir: str | os.PathLike[str] | bool | None = None,
+                in_process: bool | None = None, timeout_s: float | None = None) -> CompiledTarget:
+    """AOT-compile every signature of an exported bundle for a TPU chip and slice (``bundle.compile_for`` calls
+    this).
 
-    ``dim_values`` fixes dynamic dims for the compile (default: the smallest size in range
-    that splits over the data axis). ``hbm_bytes`` overrides the HBM per device checked against.
-    ``cache_dir``: a folder of compiled executables to reuse (default: $TPU_EXPORT_AOT_CACHE, else the user's
-    cache folder, ~/.cache/tpu-export/aot; False or "none": no cache); see tpu_backend/compile_cache.py.
-    ``in_process``: False compiles in a child process (tpu_backend/compile_worker.py), so libtpu's compile
-    memory goes back to the OS when it exits; True in this one; None (default): a child for a bundle of
-    ``CHILD_MIN_WEIGHT_BYTES`` or more of weights on a host with no TPU attached (``in_child_by_default``).
-    ``timeout_s``: the child's time limit (default: compile_worker.DEFAULT_TIMEOUT_S).
+    The real TPU compiler (libtpu) runs here, on any host: no TPU needs to be attached. The executables and
+    their cost and memory report (``report.json`` in the saved artifact) are recorded in the bundle, so the
+    next ``save`` writes them; a program that does not fit the chip's HBM fails here rather than on the TPU.
+    Compiled executables are cached by default (see ``cache_dir``).
+
+    Args:
+        bundle: What ``tpu_backend.export_program`` returned (exported with ``"tpu"`` among its platforms).
+        target: The chip: ``"tpu-v5e"``, ``"tpu-v6e"``, ``"tpu-v5p"`` or ``"tpu-v7x"``.
+        topology: The slice shape, e.g. ``"2x2"``; None: one chip.
+        dim_values: Sizes for the dynamic dims during the compile (default: the smallest size in range that
+            splits over the data axis).
+        hbm_bytes: The HBM per device to check the program against, instead of the chip's.
+        signatures: The signatures to compile (default: all of them).
+        cache_dir: A folder of compiled executables to reuse and fill. None (default): ``$TPU_EXPORT_AOT_CACHE``,
+            else the user's cache folder (``~/.cache/tpu-export/aot``); False or ``"none"``: no cache.
+        in_process: True: compile in this process; False: in a child process, so that libtpu's compile memory
+            goes back to the OS when it exits; None (default): a child for a bundle of 384 MiB or more of
+            weights on a host with no TPU attached.
+        timeout_s: The child process's time limit in seconds (default: the worker's own).
+
+    Returns:
+        The compiled target: its ``target``, ``topology``, ``device_kind``, per-signature executables and
+        ``report`` (also appended to ``bundle.compiled``).
+
+    Raises:
+        tpu_export.tpu_backend.InvalidTopologyError: ``target`` is not a TPU chip, or ``topology`` is not a slice
+            of it (a ValueError; the message lists the valid ones).
+        tpu_export.tpu_backend.AotError: The bundle was not exported for ``"tpu"``, libtpu is not installed, or
+            the compile failed.
+        tpu_export.tpu_backend.HbmOverflowError: The program does not fit the chip's HBM (an AotError).
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import converter, tpu_backend
+        >>> m = torch.nn.Linear(4, 2).eval()
+        >>> bundle = tpu_backend.export_program(converter.prepare(m, (torch.ones(1, 4),)))
+        >>> compiled = bundle.compile_for("tpu-v6e", cache_dir=False)    # libtpu: no TPU needed
+        >>> compiled.target, compiled.topology, compiled.device_kind
+        ('tpu-v6e', '1x1', 'TPU v6 lite')
+        >>> bundle.compile_for("tpu-v6e", "3x7")
+        Traceback (most recent call last):
+        ...
+        tpu_export.tpu_backend.chips.InvalidTopologyError: invalid topology '3x7' for tpu-v6e; ...
     """
     prepare_cpu_host()  # before jax's backends start, if this is the process's first jax use
     topo = parse_topology(target, topology)

@@ -10,6 +10,7 @@ the Program's dim ranges as constraints. With a mesh, shardings are exported aga
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from typing import Any
@@ -84,12 +85,32 @@ class ExportedBundle:
         """Program weight names stored as int8 + scales."""
         return sorted(self.quant_parts)
 
-    def save(self, path, **kw):
+    def save(self, path: str | os.PathLike[str], **kw: Any) -> str:
+        """Write this bundle as a TPU artifact at ``path``; ``tpu_export.tpu_backend.save(self, path, **kw)``.
+
+        Args:
+            path: the artifact to write: a ``.tpuexp`` directory, or one uncompressed file where ``path`` ends
+                in ``.zip``.
+            **kw: the keyword arguments of ``tpu_backend.save``.
+
+        Returns:
+            The path written.
+        """
         from .artifact import save
 
         return save(self, path, **kw)
 
-    def compile_for(self, target: str, topology: str | None = None, **kw):
+    def compile_for(self, target: str, topology: str | None = None, **kw: Any) -> Any:
+        """AOT-compile every signature for one TPU slice; ``tpu_export.tpu_backend.compile_for(self, ...)``.
+
+        Args:
+            target: a TPU target, e.g. ``"tpu-v6e"``.
+            topology: the slice, e.g. ``"2x2"``; None takes the target's default.
+            **kw: the keyword arguments of ``tpu_backend.compile_for`` (``cache_dir``, ...).
+
+        Returns:
+            The compiled target ``tpu_backend.compile_for`` returns (also kept on the bundle, and saved with it).
+        """
         from .aot import compile_for
 
         return compile_for(self, target, topology, **kw)

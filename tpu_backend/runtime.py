@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import numpy as np
 
@@ -29,15 +30,49 @@ __all__ = ["load", "TpuProgram", "current_platform"]
 log = logging.getLogger(__name__)
 
 
-def load(path, *, verify: bool = True, use_compiled: bool = False, isolate: bool = False,
-         isolate_timeout: float = 30.0) -> "TpuProgram":
-    """Load an artifact (directory or .zip) and put its weights on the device.
+def load(path: str | os.PathLike[str], *, verify: bool = True, use_compiled: bool = False, isolate: bool = False,
+         isolate_timeout: float = 30.0) -> TpuProgram:
+    """Load a TPU artifact (a ``.tpuexp`` directory or ``.zip``) and put its weights on the device.
 
-    The StableHLO is compiled here. ``use_compiled=True`` lets the runtime load a stored TPU
-    executable made for this chip and these jaxlib/libtpu versions instead: it is machine
-    code, so pass it only for artifacts you trust as much as code you run. ``isolate=True``
-    (for artifacts from untrusted sources) parses each export in a child process first, so a
-    module that crashes or hangs jaxlib's parser is an ``ArtifactCorruptError`` here."""
+    The program runs on jax's default backend: a TPU, else a GPU, else this machine's CPU (the artifact must
+    have been exported for that platform; the default export covers TPU and CPU). The StableHLO is compiled
+    here, on the first call of each signature and input shape. Nothing in the artifact is executed while it is
+    read: weights are safetensors, the manifest is checked field by field and every file against its sha256.
+
+    Args:
+        path: The artifact: a directory, or a ``.zip`` of one.
+        verify: Check every file against the sha256 recorded in the manifest (on by default).
+        use_compiled: Run the stored TPU executables made for exactly this chip, these jaxlib/libtpu versions and
+            these input shapes instead of compiling here. They are machine code: pass True only for artifacts
+            you trust as much as code you run.
+        isolate: For artifacts from untrusted sources: parse each export in a child process first, so that one
+            that crashes or hangs jaxlib's parser is an ``ArtifactCorruptError`` here (about 1-2 s per load).
+        isolate_timeout: Seconds each child parse may take (with ``isolate``).
+
+    Returns:
+        The loaded program, called like the PyTorch module it was exported from.
+
+    Raises:
+        tpu_export.tpu_backend.ArtifactError: ``path`` is not a readable artifact directory or ``.zip``.
+        tpu_export.tpu_backend.ArtifactVersionError: The artifact's format version is outside the window this
+            release reads.
+        tpu_export.tpu_backend.ArtifactCorruptError: A file is missing, truncated or does not match its sha256.
+        tpu_export.tpu_backend.ManifestError: ``manifest.json`` is malformed or was edited.
+        RuntimeError: The artifact was not exported for the platform jax runs on here.
+
+    Examples:
+        >>> import os, tempfile
+        >>> import torch
+        >>> from tpu_export import converter, tpu_backend
+        >>> m = torch.nn.Linear(4, 2).eval()
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.tpuexp")
+        >>> _ = tpu_backend.export_program(converter.prepare(m, (torch.ones(1, 4),))).save(path)
+        >>> prog = tpu_backend.load(path)          # on a machine without a TPU: jax's CPU backend
+        >>> prog(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
+        >>> prog.signature_names
+        ['serving_default']
+    """
     from .artifact.load import read_artifact
     from .host import prepare_cpu_host
 
@@ -56,7 +91,33 @@ def current_platform(devices) -> str:
 
 
 class TpuProgram:
-    """A loaded TPU artifact, called like the edge ``Model``."""
+    """A loaded TPU artifact, called like the PyTorch module it was exported from (and like the edge ``Model``).
+
+    ``tpu_backend.load(path)`` makes one from an artifact on disk, ``ExportedBundle.to_program()`` (or calling
+    the bundle) from one in memory. ``prog(*args, signature_name=..., **kwargs)`` checks the inputs against the
+    signature (names, rank, dims and their ranges, dtype; int64 ids become the signature's int32), runs it and
+    returns torch tensors in the structure the module returned.
+
+    Attributes:
+        source: The artifact's path (``"<in-memory bundle>"`` for a bundle).
+        manifest: The artifact's checked ``manifest.json``.
+        platform: The platform it runs on here (``"tpu"``, ``"cuda"``, ``"cpu"``...).
+        devices: The jax devices it runs on.
+
+    Examples:
+        >>> import torch
+        >>> from tpu_export import converter, tpu_backend
+        >>> m = torch.nn.Linear(4, 2).eval()
+        >>> bundle = tpu_backend.export_program(converter.prepare(m, (torch.ones(1, 4),)))
+        >>> prog = bundle.to_program()             # or tpu_backend.load(path) for a saved artifact
+        >>> out = prog(torch.ones(1, 4))
+        >>> out.shape, out.dtype
+        (torch.Size([1, 2]), torch.float32)
+        >>> prog(torch.ones(1, 5))
+        Traceback (most recent call last):
+        ...
+        tpu_export.converter.input_check.InputValueError: input 'input' has shape [1, 5]; ...
+    """
 
     def __init__(self, *, signatures, weights, manifest, compiled, source, use_compiled=False,
                  stored_platforms=("tpu",)):
@@ -112,9 +173,21 @@ class TpuProgram:
 
     @property
     def signature_names(self) -> list[str]:
+        """The names of the artifact's signatures."""
         return list(self._sigs)
 
-    def signature(self, name: str | None = None):
+    def signature(self, name: str | None = None) -> Any:
+        """One signature of the artifact: its inputs, outputs and dim ranges.
+
+        Args:
+            name: The signature's name; None: ``"serving_default"`` if there is one, else the first.
+
+        Returns:
+            The loaded signature (``.inputs`` and ``.outputs`` are specs with ``name``, ``shape`` and ``dtype``).
+
+        Raises:
+            KeyError: The artifact has no signature of that name (the message lists the ones it has).
+        """
         if name is None:
             name = "serving_default" if "serving_default" in self._sigs else next(iter(self._sigs))
         try:
@@ -123,20 +196,58 @@ class TpuProgram:
             raise KeyError(f"no signature {name!r}; this artifact has {sorted(self._sigs)}") from None
 
     def uses_stored_executable(self, signature_name: str | None = None) -> bool:
+        """Whether the signature's last calls ran a stored TPU executable (``use_compiled=True``) rather than
+        StableHLO compiled here.
+
+        Args:
+            signature_name: The signature; None: the default one.
+
+        Returns:
+            True when a stored executable runs it; False when it was compiled here or has not run yet.
+        """
         sig = self.signature(signature_name)
         r = self._runners.get(sig.name)
         return bool(r and r.stored)
 
-    def __call__(self, *args, signature_name: str | None = None, **kwargs):
+    def __call__(self, *args: Any, signature_name: str | None = None, **kwargs: Any) -> Any:
+        """Run a signature on the device and return torch tensors.
+
+        Args:
+            *args: The positional inputs, as the module took them (torch tensors or numpy arrays).
+            signature_name: The signature to run; None: the default one.
+            **kwargs: The keyword inputs, as the module took them.
+
+        Returns:
+            The outputs as torch tensors, in the structure the module returned (a tensor, a tuple, a dict...).
+
+        Raises:
+            tpu_export.converter.input_check.InputValueError: An input's name, rank, dims, dim range or dtype does
+                not match the signature (a ValueError; the message names the input and what it takes).
+            KeyError: There is no signature of that name.
+        """
         sig = self.signature(signature_name)
         leaves = [numpy_to_torch(np.asarray(o)) for o in self._run(sig, args, kwargs)]
         return structure.unflatten(sig.output_structure, leaves)
 
-    def run_on_device(self, *args, signature_name: str | None = None, **kwargs):
-        """Like calling the program, but the outputs stay jax arrays on the device, and an input given as a
-        jax array (e.g. a KV cache this returned) is passed as it is, with no host round trip. Inputs the
-        module aliases to outputs (state, such as KV caches: see ``donated_inputs``) are donated: a jax array
-        given for one is consumed (deleted) and its output reuses the buffer, the cache updated in place."""
+    def run_on_device(self, *args: Any, signature_name: str | None = None, **kwargs: Any) -> Any:
+        """Like calling the program, but the outputs stay jax arrays on the device.
+
+        An input given as a jax array (e.g. a KV cache this returned) is passed as it is, with no host round
+        trip; its shape and dtype are checked, its values are not. Inputs the module aliases to outputs (state,
+        such as KV caches) are donated: a jax array given for one is consumed (deleted) and its output reuses the
+        buffer, the cache updated in place.
+
+        Args:
+            *args: The positional inputs (host arrays, tensors or jax arrays).
+            signature_name: The signature to run; None: the default one.
+            **kwargs: The keyword inputs.
+
+        Returns:
+            The outputs as jax arrays, in the structure the module returned.
+
+        Raises:
+            tpu_export.converter.input_check.InputValueError: An input does not match the signature.
+        """
         sig = self.signature(signature_name)
         return structure.unflatten(sig.output_structure, list(self._run(sig, args, kwargs)))
 

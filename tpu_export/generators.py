@@ -37,6 +37,18 @@ class GeneratorError(ValueError):
 
 @dataclasses.dataclass
 class TextResult:
+    """What a generation returns: the text and its timings.
+
+    Attributes:
+        text: The generated text (without the prompt and the stop token).
+        prompt_tokens: The prompt's length in tokens (None where the engine does not say).
+        new_tokens: How many tokens were generated.
+        prefill_ms: The prompt's prefill time in milliseconds.
+        decode_tokens_per_s: Decode speed in tokens per second.
+        tokens: The new token ids (from a TPU artifact or ``.tflite``; the LiteRT-LM engine gives text only).
+        warm_up_ms: The first calls' time (compiling), spent before the timed run and not counted in it.
+    """
+
     text: str
     prompt_tokens: int | None
     new_tokens: int
@@ -46,6 +58,7 @@ class TextResult:
     warm_up_ms: float | None = None  # LoopGenerator: first calls (compiling) before the timed run
 
     def timing_line(self) -> str:
+        """One line with the prefill time and the decode speed, as ``tpu-export generate`` prints it."""
         pre = f"{self.prefill_ms:.1f} ms" if self.prefill_ms is not None else "n/a"
         dec = f"{self.decode_tokens_per_s:.1f} tokens/s" if self.decode_tokens_per_s else "n/a"
         warm = f"; warm-up (compile) {self.warm_up_ms:.0f} ms, not counted" if self.warm_up_ms else ""
@@ -53,12 +66,51 @@ class TextResult:
                 f"decode: {dec} ({self.new_tokens} new tokens){warm}")
 
 
-def load_generator(path, *, verbose: bool = False, isolate: bool = False,
-                   isolate_timeout: float | None = None) -> "LoopGenerator | EngineGenerator":
-    """A ``.litertlm`` -> the LiteRT-LM engine; a TPU artifact (``.tpuexp``) or ``.tflite`` -> our loop; a target
-    folder written by convert-lm -> whichever of those it holds (the ``.litertlm`` first). ``verbose``: the
-    engine's own log lines are shown (else held back, and only their last line joins an error); ``isolate``: the
-    engine runs in a child process (``isolate_timeout`` seconds at most between its answers)."""
+def load_generator(path: str | os.PathLike[str], *, verbose: bool = False, isolate: bool = False,
+                   isolate_timeout: float | None = None) -> LoopGenerator | EngineGenerator:
+    """Open what ``convert_lm`` wrote for text generation.
+
+    A ``.litertlm`` bundle runs on the LiteRT-LM engine (``EngineGenerator``); a TPU artifact (``model.tpuexp``)
+    or a ``.tflite`` runs on this project's generation loop (``LoopGenerator``), with the ``lm.json`` and
+    ``tokenizer.json`` written beside it. A TPU artifact runs on jax's default backend (a TPU, else a GPU, else
+    this machine's CPU). A target folder opens whichever of those it holds, the ``.litertlm`` first. Every file
+    is checked before a runtime reads it.
+
+    Args:
+        path: A target folder written by ``convert_lm`` (``out/android``, ``out/tpu-v6e``), or a ``.litertlm``,
+            ``.tpuexp`` or ``.tflite`` file in one.
+        verbose: Show the LiteRT-LM engine's own log lines (by default they are held back, and only their last
+            line joins an error).
+        isolate: Run the LiteRT-LM engine in a child process, so that a bundle whose bytes crash it ends as one
+            ``GeneratorError`` naming the signal (``.litertlm`` only).
+        isolate_timeout: With ``isolate``: the most seconds between the child's answers (default 60).
+
+    Returns:
+        A generator: ``.generate(prompt, max_new_tokens)`` returns a ``TextResult``.
+
+    Raises:
+        tpu_export.generators.GeneratorError: Nothing to generate from at ``path`` (no such file, no model in the
+            folder, no ``lm.json`` or ``tokenizer.json`` beside it, or a file that cannot be read), or ``isolate``
+            for a file that is not a ``.litertlm`` (a ValueError; the message names the file and the fix).
+        tpu_export.edge.litertlm_check.BundleFormatError: The ``.litertlm`` is not a well-formed bundle (a
+            ValueError).
+
+    Examples:
+        ``model_dir`` is a Hugging Face model directory (here a tiny seeded Llama):
+
+        >>> import os, tempfile
+        >>> import tpu_export
+        >>> out = os.path.join(tempfile.mkdtemp(), "out")
+        >>> _ = tpu_export.convert_lm(model_dir, {"android": {}, "tpu-v6e": {"aot": False}}, out,
+        ...                           prefill_lengths=(8,), cache_len=64)
+        >>> engine = tpu_export.load_generator(os.path.join(out, "android"))     # the .litertlm: LiteRT-LM
+        >>> loop = tpu_export.load_generator(os.path.join(out, "tpu-v6e"))       # the TPU artifact, here on CPU
+        >>> type(engine).__name__, type(loop).__name__
+        ('EngineGenerator', 'LoopGenerator')
+        >>> result = loop.generate("hello", max_new_tokens=4)
+        >>> isinstance(result.text, str), result.new_tokens <= 4
+        (True, True)
+    """
     path = os.fspath(path)
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "manifest.json")):
         for f in ("model.litertlm", "model.tpuexp", "model.tflite"):
@@ -205,8 +257,11 @@ def _detokenizer(tok, on_text, stops):
 
 
 class LoopGenerator:
-    """An exported LM run by tpu_export.generate: ``runtime`` as generate_ids takes it, its CacheSpec, a
-    tokenizers.Tokenizer and the lm.json metadata (stop tokens, chat template)."""
+    """An exported LM (a TPU artifact or a ``.tflite``) run by this project's generation loop.
+
+    ``load_generator`` makes one. It holds the runtime (the loaded artifact or model), the cache layout, the
+    tokenizer and the ``lm.json`` metadata (stop tokens, chat template).
+    """
 
     def __init__(self, runtime, spec, tokenizer, meta: dict, name: str = "the model", vocab: int | None = None):
         self.runtime, self.spec, self.tokenizer, self.meta, self.name = runtime, spec, tokenizer, meta, name
@@ -248,8 +303,50 @@ class LoopGenerator:
             prompt = render_chat(self.meta.get("chat_template"), prompt, where)
         return self.tokenizer.encode(prompt).ids
 
-    def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None, chat=False,
-                 on_text: Callable[[str], None] | None = None) -> TextResult:
+    def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None,
+                 chat: bool = False, on_text: Callable[[str], None] | None = None) -> TextResult:
+        """Generate text from ``prompt`` with the exported prefill and decode signatures.
+
+        The first call of each signature compiles it (a TPU artifact); that time is reported as ``warm_up_ms``
+        and not counted in the timings.
+
+        Args:
+            prompt: The prompt text (valid UTF-8).
+            max_new_tokens: The most tokens to generate (at least 1); generation also stops at a stop token.
+            sampling: How the next token is picked: ``Sampling(temperature=..., top_k=..., top_p=..., seed=...)``;
+                None (or temperature 0): greedy.
+            chat: Render the prompt as one user turn of the model's chat template first.
+            on_text: Called with each new piece of text as it is generated (streaming).
+
+        Returns:
+            The generated text with its token count and timings.
+
+        Raises:
+            tpu_export.generate.GenerateArgumentError: An argument is out of its range (a ValueError naming it).
+            tpu_export.generate.PromptTooLongError: The prompt is longer than every exported prefill length.
+            tpu_export.generate.CacheFullError: The prompt and the new tokens need more cache slots than the model
+                holds.
+
+        Examples:
+            ``model_dir`` is a Hugging Face model directory (here a tiny seeded Llama):
+
+            >>> import os, tempfile
+            >>> import tpu_export
+            >>> from tpu_export.generate import Sampling
+            >>> out = os.path.join(tempfile.mkdtemp(), "out")
+            >>> _ = tpu_export.convert_lm(model_dir, {"tpu-v6e": {"aot": False}}, out, prefill_lengths=(8,),
+            ...                           cache_len=64)
+            >>> gen = tpu_export.load_generator(os.path.join(out, "tpu-v6e"))
+            >>> pieces = []
+            >>> result = gen.generate("hello", 8, sampling=Sampling(temperature=0.7, top_k=40, seed=1),
+            ...                       on_text=pieces.append)
+            >>> "".join(pieces) == result.text, result.new_tokens == len(result.tokens)
+            (True, True)
+            >>> gen.generate("hello", 0)
+            Traceback (most recent call last):
+            ...
+            tpu_export.generate.GenerateArgumentError: max_new_tokens: ...
+        """
         ids = check_generate_args(prompt, max_new_tokens, sampling, vocab=self.vocab,
                                   tokenize=lambda p: self.encode(p, chat))
         warm_ms = self._warm_up(len(ids))
@@ -334,9 +431,13 @@ class _EngineLog:
 
 
 class EngineGenerator:
-    """A ``.litertlm`` run by the LiteRT-LM engine on this machine's CPU, checked first (edge.litertlm_check).
-    ``isolate``: each generate runs the engine in a child process (a crash there is a GeneratorError naming the
-    signal; no answer for ``isolate_timeout`` seconds kills it)."""
+    """A ``.litertlm`` bundle run by the LiteRT-LM engine on this machine's CPU.
+
+    ``load_generator`` makes one. The bundle is checked before the engine reads a byte of it. With
+    ``isolate``, each generate runs the engine in a child process (a crash there is a ``GeneratorError`` naming
+    the signal; no answer for ``isolate_timeout`` seconds kills it). The engine brings its own tokenizer, stop
+    tokens and sampler.
+    """
 
     def __init__(self, path: str, threads: int | None = None, verbose: bool = False, isolate: bool = False,
                  isolate_timeout: float = DEFAULT_ISOLATE_TIMEOUT, cache_dir: str | None = None):
@@ -370,8 +471,42 @@ class EngineGenerator:
                                      f"{log.tail()}); is it a .litertlm bundle written by convert-lm or "
                                      "litert-lm-builder?") from None
 
-    def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None, chat=False,
-                 on_text: Callable[[str], None] | None = None) -> TextResult:
+    def generate(self, prompt: str, max_new_tokens: int = 32, *, sampling: Sampling | None = None,
+                 chat: bool = False, on_text: Callable[[str], None] | None = None) -> TextResult:
+        """Generate text from ``prompt`` on the LiteRT-LM engine.
+
+        Args:
+            prompt: The prompt text (valid UTF-8).
+            max_new_tokens: The most tokens to generate (at least 1); generation also stops at a stop token.
+            sampling: How the next token is picked: ``Sampling(temperature=..., top_k=..., top_p=..., seed=...)``;
+                None (or temperature 0): greedy.
+            chat: Render the prompt as one user turn of the model's chat template first.
+            on_text: Called with each new piece of text as it is generated (streaming).
+
+        Returns:
+            The generated text with its token count and timings.
+
+        Raises:
+            tpu_export.generate.GenerateArgumentError: An argument is out of its range (a ValueError naming it).
+            tpu_export.generate.CacheFullError: The prompt and the new tokens exceed the bundle's max tokens.
+            tpu_export.generators.GeneratorError: The engine failed to start a session or to generate.
+
+        Examples:
+            ``model_dir`` is a Hugging Face model directory (here a tiny seeded Llama):
+
+            >>> import os, tempfile
+            >>> import tpu_export
+            >>> out = os.path.join(tempfile.mkdtemp(), "out")
+            >>> _ = tpu_export.convert_lm(model_dir, ["android"], out, prefill_lengths=(8,), cache_len=64)
+            >>> gen = tpu_export.load_generator(os.path.join(out, "android"))
+            >>> result = gen.generate("hello", max_new_tokens=4)
+            >>> isinstance(result.text, str), 1 <= result.new_tokens <= 4
+            (True, True)
+            >>> gen.generate("hello", max_new_tokens=100)
+            Traceback (most recent call last):
+            ...
+            tpu_export.generate.CacheFullError: max_new_tokens: ... exceed ...'s max_num_tokens 64: ...
+        """
         if self.isolate:
             check_generate_args(prompt, max_new_tokens, sampling, vocab=self.vocab)  # before a child starts
             return _generate_isolated(self, prompt, max_new_tokens, sampling, chat, on_text)

@@ -12,12 +12,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tpu_export.converter.atomic import discard, publish_dir, staging_dir, write_file
 from tpu_export.converter.errors import ConversionError
 from tpu_export.converter.pipeline import SignatureRequest, prepare_many
 from tpu_export.targets.files import artifact_size
+
+if TYPE_CHECKING:
+    import onnx
+    import torch
 
 __all__ = ["convert"]
 
@@ -30,29 +34,84 @@ def _backend(name: str):
 
 
 def convert(
-    module,
-    sample_args=None,
-    sample_kwargs=None,
+    module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto,
+    sample_args: tuple[Any, ...] | None = None,
+    sample_kwargs: dict[str, Any] | None = None,
     *,
-    targets,
-    out_dir,
-    dynamic_shapes=None,
-    strict="auto",
-    enable_x64=False,
+    targets: str | Sequence[str] | Mapping[str, Any],
+    out_dir: str | os.PathLike[str],
+    dynamic_shapes: Any = None,
+    strict: bool | str = "auto",
+    enable_x64: bool = False,
     progress: Callable[[str], None] | None = None,
-    dim_sizes: dict | None = None,
-    **options,
+    dim_sizes: dict[str, int] | None = None,
+    **options: Any,
 ) -> dict[str, str]:
     """Capture ``module`` once and write one artifact per target into ``out_dir``.
 
-    ``module`` may also be an ``.onnx`` path or an ``onnx.ModelProto`` (no sample inputs needed: shapes come
-    from the graph; ``dim_sizes={"batch": 1}`` fixes named dims, the others stay dynamic).
+    Targets are TPU chips (``tpu-v5e``, ``tpu-v6e``, ``tpu-v5p``, ``tpu-v7x``: a StableHLO artifact, AOT-compiled
+    for the chip when libtpu is installed), the same artifact for a GPU or CPU (``cuda``, ``cpu-xla``) and edge
+    devices (``android``, ``ios``, ``cpu``: a ``.tflite``; ``web``: LiteRT.js; ``iot``: int8 TFLite Micro);
+    ``tpu-export targets`` lists them with their options. Every
+    target's options and every backend's op support are checked before any work. The artifacts are built in a
+    staging folder inside ``out_dir`` and published together with a ``summary.json`` beside them: a failure
+    leaves ``out_dir`` as it was. Converting again into the same ``out_dir`` replaces only the targets named.
 
-    ``targets``: a list of target names (``tpu-export targets``), or {name: options} where each target's
-    options are a dict (or its options dataclass, targets/options.py). ``**options`` are shared: each
-    target takes those of its kind (``topology`` goes to TPU chips, ``calibration_data`` to edge
-    targets...); one that no target of the call takes fails. Per-target options add to (and override)
-    the shared ones. Every target's options are checked before capture. Returns {target name: path}.
+    Args:
+        module: An ``nn.Module`` (called as ``module(*sample_args, **sample_kwargs)``), a
+            ``torch.export.ExportedProgram``, a ``.pt2`` path, or an ONNX model (an ``.onnx`` path or an
+            ``onnx.ModelProto``: no sample inputs needed, shapes come from the graph).
+        sample_args: Example positional inputs: a tuple, or a single tensor.
+        sample_kwargs: Example keyword inputs.
+        targets: A target name, a list of names, or ``{name: options}`` where each target's options are a dict
+            (or its options dataclass, ``tpu_export.targets.options``).
+        out_dir: The folder to write into (created if missing): one sub-folder per target, and ``summary.json``.
+        dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
+        strict: ``torch.export`` tracing: ``"auto"`` (non-strict first, then strict), ``True`` or ``False``.
+        enable_x64: Keep 64-bit dtypes 64-bit (by default int64 and float64 compute as 32-bit).
+        progress: Called with one line per step (capture, each target's lowering, publishing).
+        dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+        **options: Options shared by the targets: each target takes those of its kind (``topology`` and ``aot``
+            go to TPU chips, ``quant_config`` and ``calibration_data`` to edge targets...). An option that no
+            target of the call takes is an error. Per-target options add to (and override) the shared ones.
+
+    Returns:
+        Target name -> the path of its main file (the ``.tflite``, or the ``.tpuexp`` artifact).
+
+    Raises:
+        ValueError: A target name is unknown, ``targets`` is empty, or names a target twice.
+        TypeError: An option is unknown to every target of the call or has the wrong type (``OptionsError``), or
+            ``dim_sizes`` is given for a model that is not ONNX.
+        tpu_export.converter.ExportFailedError: ``torch.export`` failed on the module (the message explains the
+            cause and the fix).
+        tpu_export.converter.UnsupportedOpsError: A target's backend does not lower some ops (all of them are
+            listed, with their source lines, before anything is written).
+        tpu_export.converter.ConversionError: ``out_dir`` is a file, or holds a folder of a target's name that this
+            tool did not write.
+
+    Examples:
+        >>> import os, tempfile
+        >>> import torch
+        >>> import tpu_export
+        >>> m = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU()).eval()
+        >>> out = tempfile.mkdtemp()
+        >>> written = tpu_export.convert(m, (torch.ones(1, 4),), out_dir=out,
+        ...                              targets={"android": {}, "tpu-v6e": {"aot": False}})  # aot: no TPU compile
+        >>> sorted(os.path.relpath(p, out) for p in written.values())
+        ['android/android.tflite', 'tpu-v6e/model.tpuexp']
+        >>> sorted(os.listdir(out))
+        ['android', 'summary.json', 'tpu-v6e']
+
+        An ONNX model (built here with ``onnx.helper``; usually an ``.onnx`` path), its batch dim fixed:
+
+        >>> from onnx import TensorProto, helper
+        >>> graph = helper.make_graph(
+        ...     [helper.make_node("Relu", ["x"], ["y"])], "relu",
+        ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])])
+        >>> onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        >>> tpu_export.convert(onnx_model, targets="cpu", out_dir=tempfile.mkdtemp(), dim_sizes={"batch": 1})
+        {'cpu': '.../cpu/cpu.tflite'}
     """
     say = progress or (lambda msg: None)
     resolved, opts = _targets_and_options(targets, options)  # unknown names and bad options fail before any work

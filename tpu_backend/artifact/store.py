@@ -6,6 +6,7 @@ import json
 import os
 import re
 import zipfile
+from typing import TYPE_CHECKING
 
 from . import format as fmt
 from .dtypes import torch_to_name
@@ -13,6 +14,9 @@ from .errors import ArtifactError
 from .safetensors_io import write_safetensors
 from .versions import runtime_versions
 from .writer import StagingDir, publish_dir, publish_zip
+
+if TYPE_CHECKING:
+    from ..export import ExportedBundle
 
 __all__ = ["save", "is_single_file_path"]
 
@@ -47,9 +51,40 @@ def _check_replaceable(path: str, single: bool) -> None:
                         "(no manifest.json). Choose another path or remove it first.")
 
 
-def save(bundle, path, *, single_file: bool | None = None) -> str:
-    """Write ``bundle`` to ``path``: a directory, or a single uncompressed zip when ``path``
-    ends in ``.zip`` (or ``single_file=True``). Returns the path written."""
+def save(bundle: ExportedBundle, path: str | os.PathLike[str], *, single_file: bool | None = None) -> str:
+    """Write an exported bundle to disk as a TPU artifact (``bundle.save(path)`` calls this).
+
+    The artifact is a directory (``manifest.json``, ``weights.safetensors``, one ``.jaxexport`` per signature
+    and the TPU executables ``compile_for`` added), or the same files in one uncompressed ``.zip``. It is
+    written into a staging folder beside ``path`` and renamed into place: a failed save leaves ``path`` as it
+    was. Only an earlier artifact (or an empty directory) is ever replaced.
+
+    Args:
+        bundle: What ``tpu_backend.export_program`` returned.
+        path: Where to write it.
+        single_file: True: one ``.zip`` file; False: a directory; None (default): a ``.zip`` when ``path`` ends
+            in ``.zip``, else a directory.
+
+    Returns:
+        The path written.
+
+    Raises:
+        tpu_export.tpu_backend.ArtifactError: ``path`` exists and is not an artifact (no ``manifest.json``), or
+            cannot be written.
+
+    Examples:
+        >>> import os, tempfile
+        >>> import torch
+        >>> from tpu_export import converter, tpu_backend
+        >>> bundle = tpu_backend.export_program(converter.prepare(torch.nn.Linear(4, 2).eval(), (torch.ones(1, 4),)))
+        >>> folder = tempfile.mkdtemp()
+        >>> path = bundle.save(os.path.join(folder, "m.tpuexp"))
+        >>> sorted(os.listdir(path))
+        ['manifest.json', 'signatures', 'weights.safetensors']
+        >>> zipped = bundle.save(os.path.join(folder, "m.tpuexp.zip"))   # the same artifact in one file
+        >>> tpu_backend.load(zipped)(torch.ones(1, 4)).shape
+        torch.Size([1, 2])
+    """
     path = os.fspath(path)
     single = is_single_file_path(path) if single_file is None else single_file
     _check_replaceable(path, single)

@@ -14,6 +14,10 @@ asks for something this export does not do (its default, or None, is accepted); 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["RECIPES", "export"]
 
@@ -67,14 +71,72 @@ _UNSUPPORTED = {
 _NO_EFFECT = ("use_v2", "experimental_lightweight_conversion")
 
 
-def export(model, output_dir: str, task: str = "text_generation", keep_temporary_files: bool = False,
-           trust_remote_code: bool = False, prefill_lengths=None, cache_length: int | None = None,
-           cache_lengths=None, quantization_recipe: str | None = None, k_ts_idx: int | None = None,
-           v_ts_idx: int | None = None, use_jinja_template: bool | None = None, bundle_litert_lm: bool | None = None,
-           model_dtype: str | None = None, tokenizer=None, allow_nonfinite_weights: bool = False, **kwargs) -> str:
-    """Export ``model`` into ``output_dir``: ``model.litertlm`` (and ``model.tflite`` with keep_temporary_files or
-    bundle_litert_lm=False). Returns the path of the main file written. ``allow_nonfinite_weights`` (beyond the
-    peer): convert a model with NaN or infinite weights, warned, instead of refusing it."""
+def export(model: str | os.PathLike[str] | torch.nn.Module, output_dir: str | os.PathLike[str],
+           task: str = "text_generation", keep_temporary_files: bool = False, trust_remote_code: bool = False,
+           prefill_lengths: int | str | Sequence[int] | None = None, cache_length: int | None = None,
+           cache_lengths: int | str | Sequence[int] | None = None, quantization_recipe: str | None = None,
+           k_ts_idx: int | None = None, v_ts_idx: int | None = None, use_jinja_template: bool | None = None,
+           bundle_litert_lm: bool | None = None, model_dtype: str | None = None, tokenizer: Any = None,
+           allow_nonfinite_weights: bool = False, **kwargs: Any) -> str:
+    """Export a causal LM to ``output_dir/model.litertlm`` for the LiteRT-LM engine, with litert-torch 0.10's
+    ``export_hf`` argument names.
+
+    The peer's defaults apply where an argument is left out: prefill length 128, cache 4096, recipe
+    ``dynamic_wi8_afp32``. Every other litert-torch argument is accepted by name and refused, with the reason,
+    when it asks for something this export does not do (its default, or None, is accepted); ``use_v2`` and
+    ``experimental_lightweight_conversion`` are accepted and have no effect. The export is the one
+    ``tpu_export.convert_lm`` runs for the ``android`` target.
+
+    Args:
+        model: A local Hugging Face model directory (nothing is downloaded) or, beyond the peer, a transformers
+            causal LM object (then pass ``tokenizer``).
+        output_dir: The folder to write into (created if missing).
+        task: ``"text_generation"`` (the only task).
+        keep_temporary_files: Also keep ``model.tflite`` beside the bundle.
+        trust_remote_code: Must be False: a model's own Python code is never run.
+        prefill_lengths: The prompt lengths to export a prefill signature for: an int, a list, or ``"32,128"``
+            (default 128).
+        cache_length: Slots of the KV cache, the bundle's max tokens (default 4096).
+        cache_lengths: The peer's list of cache lengths: only ``cache_length`` itself is accepted.
+        quantization_recipe: ``"dynamic_wi8_afp32"`` (default), ``"weight_only_wi8_afp32"``,
+            ``"weight_only_wi4_afp32"``, ``"fp16"`` (or this project's scheme names), or ``"none"`` for float32.
+        k_ts_idx: The sequence axis of the K cache: 2 (or None).
+        v_ts_idx: The sequence axis of the V cache: 2 (or None).
+        use_jinja_template: False: leave the model's chat template out of the bundle.
+        bundle_litert_lm: False: write only ``model.tflite``, no bundle.
+        model_dtype: ``"float32"`` (or None): the export computes in float32.
+        tokenizer: The tokenizer of a model object; a model directory brings its own.
+        allow_nonfinite_weights: Beyond the peer: convert a model with NaN or infinite weights (with a warning)
+            instead of refusing it.
+        **kwargs: The peer's other arguments (see above).
+
+    Returns:
+        The path of the main file written: ``model.litertlm``, or ``model.tflite`` with
+        ``bundle_litert_lm=False``.
+
+    Raises:
+        NotImplementedError: An argument asks for something this export does not do (the message names it and
+            why).
+        TypeError: An argument name the peer does not have either.
+        FileNotFoundError: ``model`` is a path but not a local directory.
+        tpu_export.targets.lm_source.LmSourceError: The model directory, object or tokenizer cannot be converted
+            (a ValueError naming the fix).
+
+    Examples:
+        ``model_dir`` is a Hugging Face model directory (here a tiny seeded Llama):
+
+        >>> import os, tempfile
+        >>> from tpu_export.litert_torch.generative import export_hf
+        >>> out = tempfile.mkdtemp()
+        >>> path = export_hf.export(model=model_dir, output_dir=out, prefill_lengths=[8], cache_length=64,
+        ...                         quantization_recipe="dynamic_wi8_afp32")
+        >>> os.path.basename(path)
+        'model.litertlm'
+        >>> export_hf.export(model=model_dir, output_dir=out, enable_dynamic_shape=True)
+        Traceback (most recent call last):
+        ...
+        NotImplementedError: export_hf.export: enable_dynamic_shape=True is not supported: shapes are static: ...
+    """
     _refuse(kwargs)
     if str(getattr(task, "value", task)) != "text_generation":
         raise NotImplementedError(f"export_hf.export: task={task!r} is not supported: {_TEXT}")
