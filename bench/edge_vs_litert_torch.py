@@ -37,7 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_VENV = os.path.join(ROOT, ".bench-venv-peer")
 sys.path.insert(0, ROOT)
 
-REAL_MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16", "swin_t", "bert_base"]
+REAL_MODELS = ["resnet18", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16", "swin_t", "swinv2_cr_tiny",
+               "bert_base"]
 TINY_MODELS = ["resnet18", "mobilenet_v2", "mobilenet_v3", "efficientnet", "shufflenet_v2", "squeezenet",
                   "regnet", "convnext", "densenet", "deeplabv3", "lraspp", "vit", "swin", "bert", "llama", "t5"]
 
