@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-__all__ = ["TfliteLM", "open_lm_runtime", "prompt_step"]
+__all__ = ["TfliteLM", "open_lm_runtime", "prefill_plan", "prompt_step"]
 
 
 class TfliteLM:
@@ -75,18 +75,41 @@ def open_lm_runtime(path: str, spec) -> tuple:
     return OnDeviceLM(program, spec.names()), inputs, outputs
 
 
-def prompt_step(runtime, spec, prompt: list, L: int) -> dict:
-    """The prefill of ``prompt`` but its last token (padded to ``L``, the pad slots overwritten before they are
-    read) from empty caches, then the decode of the last one; that decode's outputs (its logits and caches).
-    The pad rows carry token 0 at position 0, as LiteRT-LM's engine passes them: a model with a convolution state
+def prefill_plan(n: int, lengths, cache_len: int) -> list[tuple[int, int, int]]:
+    """``[(start, count, L)]``: ``n`` prompt tokens through the exported ``prefill_<L>`` signatures in chunks, as
+    LiteRT-LM's engine prefills a long prompt: the shortest length that holds what is left, else the longest,
+    and so on. A chunk writes all ``L`` rows from its start (its pad rows past its tokens), so each must end
+    within the cache; ValueError where no length does."""
+    lengths = sorted({int(x) for x in ([lengths] if isinstance(lengths, int) else lengths)})
+    plan, start = [], 0
+    while start < n:
+        fit = [x for x in lengths if start + x <= cache_len]
+        if not fit:
+            raise ValueError(f"{n} prompt tokens to prefill: the chunk from position {start} needs a prefill length "
+                             f"of at most {cache_len - start} to stay in the {cache_len}-slot cache; the exported "
+                             f"lengths are {lengths}: shorten the prompt or re-export with a shorter prefill length "
+                             f"or a longer cache")
+        rest = n - start
+        L = next((x for x in fit if x >= rest), fit[-1])
+        plan.append((start, min(rest, L), L))
+        start += min(rest, L)
+    return plan
+
+
+def prompt_step(runtime, spec, prompt: list, lengths) -> dict:
+    """The prefill of ``prompt`` but its last token from empty caches, in the chunks of ``prefill_plan`` over the
+    exported prefill ``lengths`` (one length, or several), then the decode of the last one; that decode's outputs
+    (its logits and caches). Each chunk is padded to its length, the pad slots overwritten before they are read;
+    the pad rows carry token 0 at position 0, as LiteRT-LM's engine passes them: a model with a convolution state
     counts its real rows by the positions (converter/llm_conv.py)."""
     import torch
 
     n = len(prompt)
     caches = spec.zeros()
-    if n > 1:
-        tokens = torch.tensor([prompt[:-1] + [0] * (L - n + 1)], dtype=torch.int32)
-        pos = torch.tensor(list(range(n - 1)) + [0] * (L - n + 1), dtype=torch.int32)
+    for start, count, L in prefill_plan(n - 1, lengths, spec.cache_len):
+        pad = L - count
+        tokens = torch.tensor([prompt[start:start + count] + [0] * pad], dtype=torch.int32)
+        pos = torch.tensor(list(range(start, start + count)) + [0] * pad, dtype=torch.int32)
         out = runtime(tokens, pos, signature_name=f"prefill_{L}", **caches)
         caches = {k: out[k] for k in spec.names()}
     return runtime(torch.tensor([[prompt[-1]]], dtype=torch.int32), torch.tensor([n - 1], dtype=torch.int32),

@@ -152,9 +152,19 @@ def test_pickled_weights_and_missing_tokenizer_are_one_line_errors(model_dir, tm
     assert not (tmp_path / "o").exists()
 
 
-def test_prompt_longer_than_every_prefill_and_a_full_cache_are_one_line(out, capsys):
-    err = _one_line_error(capsys, ["generate", str(out / "tpu-v6e"), "--prompt", PROMPT * 6])
-    assert "the exported prefill lengths are [8, 16]" in err
+@pytest.mark.parametrize("artifact", ["android/model.litertlm", "android/model.tflite", "tpu-v6e"])
+def test_a_prompt_longer_than_every_prefill_generates_alike_on_every_runtime(model_dir, out, capsys, artifact):
+    """24 prompt tokens, more than prefill_16 holds: prefilled in chunks by our loop on the .tflite and the TPU
+    artifact, as the LiteRT-LM engine prefills them; all three give transformers' greedy text."""
+    long_prompt = PROMPT * 6
+    want = greedy_reference(model_dir, long_prompt, 16)
+    rc = main(["generate", str(out / artifact), "--prompt", long_prompt, "--max-new-tokens", "16"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert cap.out == want["text"] + "\n"
+
+
+def test_a_full_cache_is_one_line(out, capsys):
     err = _one_line_error(capsys, ["generate", str(out / "tpu-v6e"), "--prompt", PROMPT, "--max-new-tokens", "62"])
     assert "4 prompt tokens + 62 new tokens need 65 cache slots; the cache holds 64" in err
     bundle = str(out / "android/model.litertlm")

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from tests.numerics import rel_err  # noqa: E402
 from tpu_export import litert_torch, tpu_backend  # noqa: E402
 from tpu_export.converter.llm import KVCacheLM, lm_requests, prepare_lm  # noqa: E402
-from tpu_export.generate import CacheFullError, PromptTooLongError, greedy_generate  # noqa: E402
+from tpu_export.generate import CacheFullError, GenerateArgumentError, greedy_generate  # noqa: E402
 
 pytestmark = [pytest.mark.slow]
 
@@ -88,13 +88,32 @@ def test_greedy_tokens_match_transformers_generate(runtimes, hf, backend, n):
     assert got == want
 
 
+@pytest.mark.parametrize("backend", ["litert", "tpu"])
+@pytest.mark.parametrize("n", [18, 41])  # prefill_16 + a chunk of 1 in prefill_8; 16 + 16 + 8 in prefill_8
+def test_a_prompt_longer_than_every_prefill_is_prefilled_in_chunks(runtimes, hf, backend, n):
+    rts, spec = runtimes
+    ids = _prompt(n)
+    new = CACHE - n + 1  # to the last cache slot
+    with torch.no_grad():
+        want = hf.generate(ids, do_sample=False, max_new_tokens=new, min_new_tokens=new)[0, n:].tolist()
+    assert greedy_generate(rts[backend], spec, ids, new) == want
+
+
+def test_prefill_plan_keeps_every_chunk_in_the_cache():
+    from tpu_export.targets.lm_runtime import prefill_plan
+
+    assert prefill_plan(17, (8, 16), 64) == [(0, 16, 16), (16, 1, 8)]
+    assert prefill_plan(40, (8, 16), 64) == [(0, 16, 16), (16, 16, 16), (32, 8, 8)]
+    assert prefill_plan(60, (16,), 64) == [(0, 16, 16), (16, 16, 16), (32, 16, 16), (48, 12, 16)]
+    # the last chunk's 16 rows would run past a 56-slot cache: refused before anything runs
+    with pytest.raises(ValueError, match="the chunk from position 48 needs a prefill length of at most 8"):
+        prefill_plan(50, (16,), 56)
+
+
 def test_prompt_too_long_and_full_cache_are_clear_errors(runtimes):
     rts, spec = runtimes
-    # the loop prefills all prompt tokens but the last (decoded): 17 fit prefill_16, 18 do not
-    with pytest.raises(PromptTooLongError,
-                       match=r"18 tokens; the exported prefill lengths are \[8, 16\]: re-export with a prefill "
-                             r"length >= 17"):
-        greedy_generate(rts["litert"], spec, _prompt(18), 4)
+    with pytest.raises(GenerateArgumentError, match=r"prompt: it is empty"):
+        greedy_generate(rts["litert"], spec, [], 4)
     with pytest.raises(CacheFullError, match=r"the cache holds 64"):
         greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 14)
     assert len(greedy_generate(rts["tpu"], spec, _prompt(16), CACHE - 15)) == CACHE - 15  # exactly full
@@ -128,15 +147,16 @@ def test_other_architectures_generate_like_transformers(arch):
     config = getattr(transformers, f"{prefix}Config")(**_TINY, **extra)
     model = getattr(transformers, "Gemma3ForCausalLM" if prefix == "Gemma3Text" else f"{prefix}ForCausalLM")(config)
     model.eval()
-    ids = _prompt(11)
+    prompts = {n: _prompt(n) for n in (11, 27)}  # one prefill; two chunks of prefill_16, the windows run past
     with torch.no_grad():  # before the export wrapper (which may switch a MoE's experts dispatch)
-        want = model.generate(ids, do_sample=False, max_new_tokens=NEW)[0, 11:].tolist()
-    assert len(want) == NEW
+        want = {n: model.generate(ids, do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW)[0, n:].tolist()
+                for n, ids in prompts.items()}
     prog, spec = prepare_lm(model, prefill_lengths=(16,), cache_len=CACHE)
     from tpu_export.edge import convert_program
 
     for rt in (litert_torch.Model(convert_program(prog)), tpu_backend.export_program(prog, platforms=("cpu",))):
-        assert greedy_generate(rt, spec, ids, NEW, eos_token_id=2) == want
+        for n, ids in prompts.items():
+            assert greedy_generate(rt, spec, ids, NEW) == want[n], n
 
 
 

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from tpu_export.targets.lm_runtime import prompt_step
+from tpu_export.targets.lm_runtime import prefill_plan, prompt_step
 
 __all__ = ["CacheFullError", "GenerateArgumentError", "GenerationRun", "PromptTooLongError", "SEED_MAX", "Sampling",
            "check_generate_args", "generate_ids", "greedy_generate", "prefill_lengths"]
@@ -44,7 +44,7 @@ class GenerateArgumentError(ValueError):
 
 
 class PromptTooLongError(GenerateArgumentError):
-    """The prompt is longer than every exported prefill (``arg``: prompt)."""
+    """The prompt cannot be prefilled in the cache with the exported prefill lengths (``arg``: prompt)."""
 
     def __init__(self, problem: str):
         super().__init__("prompt", problem)
@@ -167,8 +167,8 @@ def prefill_lengths(runtime) -> list[int]:
 
 def greedy_generate(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
     """Prefill ``prompt_ids`` (a list of ints or a [1, n] tensor) but its last token with the shortest
-    ``prefill_<L>`` that holds them, then decode the last prompt token and one token at a time, each the argmax of
-    the last logits. Returns the new tokens (at most ``max_new_tokens``; it stops after ``eos_token_id``).
+    ``prefill_<L>`` that holds them (in chunks where none does, as LiteRT-LM's engine does), then decode the last
+    prompt token and one token at a time, each the argmax of the last logits. Returns the new tokens (at most ``max_new_tokens``; it stops after ``eos_token_id``).
     ``spec``: the converter.llm.CacheSpec of the export.
     """
     return generate_ids(runtime, spec, prompt_ids, max_new_tokens, eos_token_id=eos_token_id).tokens
@@ -184,22 +184,25 @@ def generate_ids(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id
     lengths = prefill_lengths(runtime)
     if not lengths:
         raise ValueError("the runtime has no prefill_<L> signature: export it with converter.llm.prepare_lm")
-    # as LiteRT-LM's engine does: prefill all prompt tokens but the last, then decode the last one, whose logits
-    # give the first new token (prefill signatures need no logits; a 1-token prompt needs no prefill)
-    fits = [L for L in lengths if L >= n - 1]
-    if n == 0 or not fits:
-        raise PromptTooLongError(f"{n} tokens; the exported prefill lengths are {lengths}: "
-                                 f"re-export with a prefill length >= {n - 1} or shorten the prompt")
+    if n == 0:
+        raise GenerateArgumentError("prompt", "it is empty: give at least one token")
     # the last new token is never fed back, so the cache holds the prompt and max_new_tokens - 1 more
     if n + max_new_tokens - 1 > spec.cache_len:
         raise CacheFullError(f"{n} prompt tokens + {max_new_tokens} new tokens need {n + max_new_tokens - 1} cache "
                              f"slots; the cache holds {spec.cache_len}: ask for fewer new tokens or re-export with a "
                              f"longer cache")
+    # as LiteRT-LM's engine does: prefill all prompt tokens but the last, in chunks where the prompt is longer than
+    # a prefill length, then decode the last one, whose logits give the first new token (prefill signatures need
+    # no logits; a 1-token prompt needs no prefill)
+    try:
+        prefill_plan(n - 1, lengths, spec.cache_len)
+    except ValueError as e:
+        raise PromptTooLongError(str(e)) from None
     stops = set() if eos_token_id is None else (
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id})
     pick = (sampling or Sampling()).picker()
     t0 = time.perf_counter()
-    out = prompt_step(runtime, spec, prompt, fits[0])
+    out = prompt_step(runtime, spec, prompt, lengths)
     logits = torch.as_tensor(out["logits"])[0, 0]  # fetched: the time to the first token includes its result
     run = GenerationRun([], n, (time.perf_counter() - t0) * 1e3)
     for pos in range(n, n + max_new_tokens):

@@ -323,7 +323,7 @@ class LoopGenerator:
 
         Raises:
             tpu_export.generate.GenerateArgumentError: An argument is out of its range (a ValueError naming it).
-            tpu_export.generate.PromptTooLongError: The prompt is longer than every exported prefill length.
+            tpu_export.generate.PromptTooLongError: A chunk of the prompt's prefill would run past the cache.
             tpu_export.generate.CacheFullError: The prompt and the new tokens need more cache slots than the model
                 holds.
 
