@@ -168,8 +168,8 @@ def prefill_lengths(runtime) -> list[int]:
 def greedy_generate(runtime, spec, prompt_ids, max_new_tokens: int, *, eos_token_id: int | None = None) -> list[int]:
     """Prefill ``prompt_ids`` (a list of ints or a [1, n] tensor) but its last token with the shortest
     ``prefill_<L>`` that holds them (in chunks where none does, as LiteRT-LM's engine does), then decode the last
-    prompt token and one token at a time, each the argmax of the last logits. Returns the new tokens (at most ``max_new_tokens``; it stops after ``eos_token_id``).
-    ``spec``: the converter.llm.CacheSpec of the export.
+    prompt token and one token at a time, each the argmax of the last logits. Returns the new tokens (at most
+    ``max_new_tokens``; it stops after ``eos_token_id``). ``spec``: the converter.llm.CacheSpec of the export.
     """
     return generate_ids(runtime, spec, prompt_ids, max_new_tokens, eos_token_id=eos_token_id).tokens
 
