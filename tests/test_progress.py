@@ -30,3 +30,59 @@ def test_no_callback_no_thread():
     before = threading.active_count()
     with heartbeat(None, "x", every=0.01):
         assert threading.active_count() == before
+
+
+class _Terminal:
+    """A text stream that says it is a terminal, as sys.stderr does on one; it keeps what was written."""
+
+    def __init__(self, tty: bool):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def test_cli_progress_redraws_one_status_line_on_a_terminal():
+    from tpu_export.cli import _progress
+
+    term = _Terminal(tty=True)
+    say = _progress(False, term)
+    assert say.every == 1.0
+    with heartbeat(say, "tpu-v6e: AOT-compiling", every=0.05):
+        time.sleep(0.3)
+    say("tpu-v6e: written")
+    lines = term.text.split("\n")
+    # the step's line, then its beats drawn over each other on one line, cleared before the closing line
+    assert lines[0].endswith("] tpu-v6e: AOT-compiling")
+    status, done = lines[1].rsplit("\r\033[K", 1)
+    assert status.count("\r\033[K") >= 2 and "tpu-v6e: AOT-compiling: " in status
+    assert "] tpu-v6e: AOT-compiling: done in " in done
+    assert lines[2].endswith("] tpu-v6e: written") and "\r" not in lines[2] and lines[3] == ""
+
+
+def test_cli_progress_in_a_log_is_a_line_per_beat():
+    from tpu_export.cli import _progress
+
+    log = _Terminal(tty=False)
+    say = _progress(False, log)
+    assert say.every is None  # heartbeat's own period (10 s)
+    with heartbeat(say, "export", every=0.05):
+        time.sleep(0.2)
+    lines = log.text.splitlines()
+    assert "\r" not in log.text and len(lines) >= 4
+    assert all(line.split("] ", 1)[1].startswith("export") for line in lines)
+
+
+def test_quiet_cli_progress_writes_nothing():
+    from tpu_export.cli import _progress
+
+    term = _Terminal(tty=True)
+    with heartbeat(_progress(True, term), "export", every=0.02):
+        time.sleep(0.1)
+    assert term.text == ""

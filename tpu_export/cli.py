@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import time
 
 from .cli_check import (
@@ -35,14 +36,49 @@ EPILOG = """examples:
 """
 
 
-def _progress(quiet: bool):
-    t0 = time.perf_counter()
+class _Progress:
+    """The CLI's progress callback: a line per step on stderr, each with the time since the command started. On a
+    terminal a long step's heartbeat redraws one status line in place (its elapsed time, every second); piped or
+    redirected, each beat is a line of its own (every 10 s), so a log shows them all."""
 
-    def say(msg: str) -> None:
-        if not quiet:
-            print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+    def __init__(self, quiet: bool, stream=None):
+        self._t0 = time.perf_counter()
+        self._quiet = quiet
+        self._stream = sys.stderr if stream is None else stream
+        self._live = not quiet and bool(getattr(self._stream, "isatty", lambda: False)())
+        self._status = False  # a status line is on screen, to be cleared before the next line
+        self._lock = threading.Lock()
 
-    return say
+    def _stamp(self) -> str:
+        return f"[{time.perf_counter() - self._t0:6.1f}s]"
+
+    def __call__(self, msg: str) -> None:
+        if self._quiet:
+            return
+        with self._lock:
+            clear = "\r\033[K" if self._status else ""
+            self._status = False
+            self._stream.write(f"{clear}{self._stamp()} {msg}\n")
+            self._stream.flush()
+
+    def beat(self, what: str, seconds: float) -> None:
+        if self._quiet:
+            return
+        if not self._live:
+            return self(f"{what}: {seconds:.0f} s")
+        with self._lock:
+            self._stream.write(f"\r\033[K{self._stamp()} {what}: {seconds:.0f} s")
+            self._stream.flush()
+            self._status = True
+
+    @property
+    def every(self) -> float | None:
+        """The heartbeat period this display wants: a second on a terminal, the default in a log."""
+        return 1.0 if self._live else None
+
+
+def _progress(quiet: bool, stream=None) -> _Progress:
+    return _Progress(quiet, stream)
 
 
 def load_model_spec(spec: str):
