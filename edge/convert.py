@@ -153,7 +153,8 @@ def write_model(model: ModelBuilder, path, *, large: bool | None = None, progres
         if progress is not None and (done - step[0] >= 256 << 20 or k == n):
             step[0] = done
             rate = done / max(time.perf_counter() - t0, 1e-6) / 2**20
+            left = f", about {(total - done) / 2**20 / rate:,.0f} s left" if done < total and rate > 0 else ""
             progress(f"weights: {k}/{n} tensors, {done / 2**20:,.0f}/{total / 2**20:,.0f} MiB written "
-                     f"({rate:,.0f} MiB/s)")
+                     f"({rate:,.0f} MiB/s{left})")
 
     return write_file(path, lambda f: model.write(f, large=large, progress=report, release=release))

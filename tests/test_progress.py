@@ -1,5 +1,6 @@
 """converter.progress.heartbeat: a long step says it is running, how long it has run, and how it ended."""
 
+import re
 import time
 
 import pytest
@@ -86,3 +87,18 @@ def test_quiet_cli_progress_writes_nothing():
     with heartbeat(_progress(True, term), "export", every=0.02):
         time.sleep(0.1)
     assert term.text == ""
+
+
+def test_weight_writing_reports_rate_and_time_left(tmp_path):
+    """A streamed .tflite write says its tensors, MiB, rate and, until the end, an estimate of the time left."""
+    import torch
+
+    from tpu_export import litert_torch
+
+    m = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(80)]).eval()  # 320 MiB of weights
+    lines = []
+    litert_torch.convert(m, (torch.randn(1, 1024),), output_file_path=tmp_path / "m.tflite", progress=lines.append)
+    writes = [line for line in lines if line.startswith("weights: ")]
+    assert len(writes) >= 2, lines
+    assert "s left)" in writes[0] and "MiB/s" in writes[0]
+    assert re.match(r"weights: (\d+)/\1 tensors, 320/320 MiB written \(\d+ MiB/s\)$", writes[-1]), writes[-1]
