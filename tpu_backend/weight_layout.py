@@ -39,8 +39,9 @@ def _kernel_only(w) -> bool:
     return True
 
 
-def plan_hwio(prog, signature_names) -> set[str]:
-    """The weight names to store HWIO, looking at every listed signature."""
+def plan_hwio(prog, signature_names) -> dict:
+    """weight name -> its kernel as stored (HWIO), for the weights to store so, looking at every listed signature;
+    each kernel is transposed once, however many signatures read it."""
     chosen, refused = set(), set()
     for name in signature_names:
         for w in prog.signature(name).weight_nodes():
@@ -50,7 +51,7 @@ def plan_hwio(prog, signature_names) -> set[str]:
                 chosen.add(wname)
             else:
                 refused.add(wname)
-    return chosen - refused
+    return {w: prog.weights[w].detach().permute(*_TO_HWIO).contiguous() for w in sorted(chosen - refused)}
 
 
 def _from_hwio(kernel):
@@ -59,19 +60,18 @@ def _from_hwio(kernel):
     return jnp.transpose(kernel, _FROM_HWIO)
 
 
-def hwio_rewrite(prog, signature_name, names: set[str]):
-    """The GraphRewrite of one signature storing the ``names`` (plan_hwio's) HWIO."""
+def hwio_rewrite(prog, signature_name, kernels: dict):
+    """The GraphRewrite of one signature storing plan_hwio's ``kernels`` HWIO."""
     from .lowering.interpreter import GraphRewrite, PackedWeight
 
     rewrite = GraphRewrite()
     for w in prog.signature(signature_name).weight_nodes():
         wname = w.meta["weight_name"]
-        if wname not in names:
+        if wname not in kernels:
             continue
         stored = wname + HWIO_SUFFIX
         if stored in prog.weights:
             raise ValueError(f"cannot store {wname!r} HWIO: the program already has a weight named {stored!r}")
-        kernel = prog.weights[wname].detach().permute(*_TO_HWIO).contiguous()
-        rewrite.packed_weights[wname] = PackedWeight([(stored, kernel)], _from_hwio, like_weight=True,
+        rewrite.packed_weights[wname] = PackedWeight([(stored, kernels[wname])], _from_hwio, like_weight=True,
                                                      perms={stored: _TO_HWIO})
     return rewrite

@@ -220,8 +220,7 @@ def support_table(scan: RowScan | None = None) -> list[dict]:
             tpu, edge = op in regs["tpu"], op in regs["edge"]
         if name in DYNAMIC_ONLY:
             note = "; ".join(x for x in (note, DYNAMIC_ONLY[name]) if x)
-        table.append({"op": name, "tpu": tpu, "edge": edge, "tested": rows[:3], "n_rows": len(rows),
-                      "litert": builtins.get(name, ()) if edge else (), "note": note})
+        table.append(_row(name, tpu, edge, rows, builtins, note))
     return table
 
 
@@ -252,9 +251,15 @@ def beyond_core_table(scan: RowScan | None = None) -> list[dict]:
         rows = sorted(set(tested.get(name, [])))
         tpu, edge = op in regs["tpu"], op in regs["edge"]
         note = EDGE_NOTES.get(name) or ("" if tpu and edge else "not lowered there: refused by name at conversion")
-        table.append({"op": name, "tpu": tpu, "edge": edge, "tested": rows[:3], "n_rows": len(rows),
-                      "litert": builtins.get(name, ()) if edge else (), "note": note})
+        table.append(_row(name, tpu, edge, rows, builtins, note))
     return table
+
+
+def _row(name, tpu, edge, rows, builtins, note) -> dict:
+    """One row of the support tables: the op, whether each backend lowers it, the op-test rows that exercise it
+    (the first three, and how many), the LiteRT builtins edge writes for it, and the note."""
+    return {"op": name, "tpu": tpu, "edge": edge, "tested": rows[:3], "n_rows": len(rows),
+            "litert": builtins.get(name, ()) if edge else (), "note": note}
 
 
 def _pct(table, key):
