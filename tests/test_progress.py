@@ -101,4 +101,4 @@ def test_weight_writing_reports_rate_and_time_left(tmp_path):
     writes = [line for line in lines if line.startswith("weights: ")]
     assert len(writes) >= 2, lines
     assert "s left)" in writes[0] and "MiB/s" in writes[0]
-    assert re.match(r"weights: (\d+)/\1 tensors, 320/320 MiB written \(\d+ MiB/s\)$", writes[-1]), writes[-1]
+    assert re.match(r"weights: (\d+)/\1 tensors, 320/320 MiB written \([\d,]+ MiB/s\)$", writes[-1]), writes[-1]
