@@ -19,6 +19,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -224,6 +225,27 @@ def check_lm_chat_template(source, src: LmSource) -> None:
         raise LmSourceError(str(e)) from None
 
 
+@contextlib.contextmanager
+def _lm_narrowing_said():
+    """The 64-bit narrowing warning in convert_lm's terms: it has no enable_x64 (both LM runtimes feed int32 token
+    ids and positions), so the advice to pass one is replaced; every other warning passes through as it was."""
+    import warnings
+
+    from tpu_export.converter.passes.dtype_policy import KEEP_64_ADVICE
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        text = str(w.message)
+        if KEEP_64_ADVICE in text:
+            text = text.replace(KEEP_64_ADVICE,
+                                "convert_lm exports LMs 32-bit: both runtimes feed int32 token ids and positions.")
+            warnings.warn(text, w.category, stacklevel=3)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
 def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
     """One Program with ``prefill_<L>`` and ``decode`` sharing the weights; (program, CacheSpec)."""
     import torch
@@ -236,7 +258,7 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
         if cache_len is not None and int(cache_len) != own:
             raise LmSourceError(f"{src.name}: its cache protocol spec holds {own} slots; cache_len={cache_len} cannot "
                                 "change it (build the module with that cache length, or leave cache_len out)")
-        with torch.no_grad():
+        with torch.no_grad(), _lm_narrowing_said():
             return prepare_many(lm_requests(src.model, prefill_lengths, prefill_logits=False)), src.model.spec
     from .lm_dir import check_lengths, layer_dims
 
@@ -348,7 +370,10 @@ def _write_edge(held, src, spec, t, opts, d, stages, last: bool, no_bundle: str 
                 **litertlm_files(d, tflite, src, spec, no_bundle, stages.say)}
 
 
-_TPU_STAGES = (("AOT", "compile"), ("lowering", "lower"), ("writing", "write"))
+_TPU_STAGES = (("AOT-compiling", "compile"), ("lowering", "lower"), ("writing ", "write"))
+# converter.progress.heartbeat's lines while a step runs ("what: 12 s") and when it ends
+_HEARTBEAT = re.compile(r": \d+ s$")
+_HEARTBEAT_END = re.compile(r": (done in|failed after) [\d.]+ s$")
 
 
 def _write_tpu(prog, spec, t, opts, d, stages) -> tuple[dict, object]:
@@ -367,24 +392,33 @@ def _write_tpu(prog, spec, t, opts, d, stages) -> tuple[dict, object]:
         return bundle
 
     path = os.path.join(d, "model.tpuexp")
-    open_stage = []
+    open_stage = []  # [(key, the stage's context manager)]
+
+    def close():
+        if open_stage:
+            open_stage.pop()[1].__exit__(None, None, None)
 
     def say(msg):
-        key = next((k for word, k in _TPU_STAGES if word in msg), None)
-        if key is None:
-            stages.say(msg)
+        if _HEARTBEAT_END.search(msg):  # the step's own "done in": the stage's line says it
+            close()
             return
-        if open_stage:
-            open_stage.pop().__exit__(None, None, None)
-        cm = stages(key, msg.split(": ", 1)[-1])
+        if _HEARTBEAT.search(msg) and open_stage:  # still running: "compile: 12 s"
+            stages.say(f"{open_stage[-1][0]}: {msg.rsplit(': ', 1)[-1]}")
+            return
+        body = msg.split(": ", 1)[-1]
+        key = next((k for word, k in _TPU_STAGES if body.startswith(word)), None)
+        if key is None:  # a note ("aot off: writing StableHLO only ...") inside the current stage
+            stages.say(body)
+            return
+        close()
+        cm = stages(key, body)
         cm.__enter__()
-        open_stage.append(cm)
+        open_stage.append((key, cm))
 
     try:
         write_tpu_artifact(prog, t, opts, path, say, export=export)
     finally:
-        if open_stage:
-            open_stage.pop().__exit__(None, None, None)
+        close()
     return {"model.tpuexp": path}, exported_spec[0]
 
 

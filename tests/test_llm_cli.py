@@ -254,3 +254,22 @@ def test_the_torch_model_is_freed_before_the_last_edge_target_quantizes(model_di
     assert alive_at_quantize == {"android": [True, True], "ios": [False, False]}
     sizes = {t: os.path.getsize(f["model.tflite"]) for t, f in written.items()}
     assert sizes["android"] == sizes["ios"]  # the same quantized model, before and after the release
+
+
+def test_the_narrowing_warning_offers_no_enable_x64_in_convert_lm():
+    """A cache-protocol module with int64 ids: the capture's 64-bit warning reaches the caller without the advice
+    to pass enable_x64 (convert_lm has none); other warnings pass through unchanged."""
+    import warnings
+
+    from tpu_export.converter.passes.dtype_policy import KEEP_64_ADVICE
+    from tpu_export.targets.lm import _lm_narrowing_said
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _lm_narrowing_said():
+            warnings.warn("signature 'decode': 64-bit inputs ['ids'] become 32-bit (int64->int32, float64->float32), "
+                          f"as LiteRT and TPUs run them. {KEEP_64_ADVICE}", stacklevel=1)
+            warnings.warn("something else", RuntimeWarning, stacklevel=1)
+    said = [(w.category, str(w.message)) for w in caught]
+    assert said[0][0] is UserWarning and "enable_x64" not in said[0][1] and "int32 token ids" in said[0][1]
+    assert said[1] == (RuntimeWarning, "something else")

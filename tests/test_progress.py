@@ -102,3 +102,22 @@ def test_weight_writing_reports_rate_and_time_left(tmp_path):
     assert len(writes) >= 2, lines
     assert "s left)" in writes[0] and "MiB/s" in writes[0]
     assert re.match(r"weights: (\d+)/\1 tensors, 320/320 MiB written \([\d,]+ MiB/s\)$", writes[-1]), writes[-1]
+
+
+@pytest.mark.slow
+def test_convert_lm_tpu_stages_open_once_each(tmp_path):
+    """The TPU target's own step lines (start, heartbeat, done) map onto one lower / compile / write stage each:
+    a step's "done" line closes its stage instead of opening another."""
+    from tests.llm_models import save_model_dir
+    from tpu_export.targets.lm import convert_lm
+
+    lines = []
+    convert_lm(save_model_dir("llama", tmp_path / "m"), {"tpu-v6e": {"aot": False}}, tmp_path / "o",
+               prefill_lengths=(8,), cache_len=64, progress=lines.append)
+    tpu = [ln for ln in lines if ln.startswith("tpu-v6e: ")]
+    assert "tpu-v6e: aot off: writing StableHLO only" in "\n".join(tpu)  # a note, said once with its target
+    opened = [ln.split(": ")[1] for ln in tpu if ln.split(": ")[1] in ("lower", "compile", "write", "verify")
+              and not re.search(r": (done in|failed after) [\d.]+ s$", ln)]
+    done = [ln.split(": ")[1] for ln in tpu if re.search(r": done in [\d.]+ s$", ln)]
+    assert opened == ["lower", "write", "verify"], tpu
+    assert done == ["lower", "write", "verify"], tpu

@@ -20,6 +20,8 @@ from ..registry import op_name
 from ._util import fake_mode_of
 
 _I32 = (-(2**31), 2**31 - 1)
+# the warning's advice; callers without enable_x64 (convert_lm) replace it
+KEEP_64_ADVICE = "Pass enable_x64=True to keep 64-bit."
 
 
 def _narrow_dtype(d):
@@ -83,7 +85,7 @@ def apply_dtype_policy(prog: Program) -> None:
                 what.append(f"outputs {changed_out}")
             warnings.warn(
                 f"signature {sig.name!r}: 64-bit {' and '.join(what)} become 32-bit (int64->int32, "
-                "float64->float32), as LiteRT and TPUs run them. Pass enable_x64=True to keep 64-bit.",
+                f"float64->float32), as LiteRT and TPUs run them. {KEEP_64_ADVICE}",
                 stacklevel=2,
             )
 
