@@ -185,3 +185,20 @@ def test_compiled_report_figures_xla_does_not_know_read_unknown():
     assert "XLA estimate unknown, roofline unknown" in text
     assert '"tokens_per_s_per_chip": "unknown"' in text and '"lower_bound_bytes_per_token": 10.0' in text
     assert "-2.99" not in text and "None" not in text and "null" not in text and "prose" not in text
+
+
+def test_an_nhwc_boundary_is_said_with_the_cli_key_that_turns_it_off(tmp_path, capsys):
+    """android lays image tensors out NHWC, cpu keeps torch's NCHW: the progress says so where it applies, in the
+    CLI's words, and the files have those shapes."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    out = tmp_path / "o"
+    assert main(["convert", "tpu_export.demo_models:small_cnn", "--target", "android", "--target", "cpu",
+                 "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if "NHWC" in ln]
+    assert len(said) == 1 and "android: input " in said[0], err
+    assert said[0].endswith("(this target's default; --target android:channel-last=off keeps torch's NCHW)")
+    shapes = {t: list(Interpreter(str(out / t / f"{t}.tflite")).get_input_details()[0]["shape"])
+              for t in ("android", "cpu")}
+    assert shapes["android"][-1] == shapes["cpu"][1] and shapes["android"][1:3] == shapes["cpu"][2:], shapes

@@ -20,6 +20,7 @@ from .cli_check import (
     check_options,
     check_scheme,
     check_target_name,
+    cli_words,
     did_you_mean,
     keys_of,
 )
@@ -58,7 +59,7 @@ class _Progress:
         with self._lock:
             clear = "\r\033[K" if self._status else ""
             self._status = False
-            self._stream.write(f"{clear}{self._stamp()} {msg}\n")
+            self._stream.write(f"{clear}{self._stamp()} {cli_words(msg)}\n")
             self._stream.flush()
 
     def beat(self, what: str, seconds: float) -> None:

@@ -196,6 +196,8 @@ _WORDS = [
     (re.compile(r"\bquant_config\b"), "--quantize"),
     (re.compile(r"\bcalibration_data\b"), "--calibration"),
     (re.compile(r"\bverify_inputs\b"), "verify"),
+    # "android: ... channel_last_io=False keeps ..." (a progress line names its target first)
+    (re.compile(r"^([\w-]+): (.*)\bchannel_last_io=False\b"), r"\1: \2--target \1:channel-last=off"),
     (re.compile(r"\bchannel_last_io\b"), "channel-last"),
     (re.compile(r"\bstrict_ops\b"), "strict"),
     (re.compile(r"\buse_pallas\b"), "use-pallas"),

@@ -153,6 +153,7 @@ def convert(
         for t, o in zip(resolved, opts):
             t1 = time.perf_counter()
             say(f"{t.name}: lowering and writing ({t.backend} backend)")
+            _say_layout(prog, t, o, say)
             if _streams(t, o):
                 path, info = _write_edge_streamed(prog, t, stage, o, say)
             else:
@@ -172,6 +173,25 @@ def convert(
     finally:
         discard(stage)
     return {t.name: os.path.join(out_dir, summary["targets"][t.name]["path"]) for t in resolved}
+
+
+def _say_layout(prog, t, opts, say) -> None:
+    """Where an edge target lays image tensors out NHWC at the boundary (android, ios, iot by default), say which
+    and how to keep torch's layout: the same model's files differ by target there, and a caller feeding NCHW
+    would otherwise learn it from a shape error."""
+    if t.backend != "edge" or not opts.channel_last_for(t):
+        return
+    from tpu_export.targets.mobile import channel_last_io
+
+    for sig_name, (ins, outs) in channel_last_io(prog).items():
+        sig = prog.signatures[sig_name]
+        names = [f"input {sig.inputs[i].name!r}" for i in ins] + [f"output {sig.outputs[i].name!r}" for i in outs]
+        if names:
+            where = "" if len(prog.signatures) == 1 else f" (signature {sig_name!r})"
+            listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+            verb = "is" if len(names) == 1 else "are"
+            say(f"{t.name}: {listed}{where} {verb} NHWC in the .tflite (this target's default; "
+                f"channel_last_io=False keeps torch's NCHW)")
 
 
 _STAGE = "convert"  # staging folder: out_dir/.convert.tmp-<pid>-*
