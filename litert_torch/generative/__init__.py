@@ -8,7 +8,7 @@ The public names are this package's ``__all__``; its submodules are internal and
 
 from __future__ import annotations
 
-__all__ = ["export_hf"]
+__all__ = ["export_hf", "quantize"]
 
 
 def __getattr__(name):
@@ -16,4 +16,11 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(".export_hf", __name__)
+    if name == "quantize":
+        import importlib
+
+        return importlib.import_module(".quantize", __name__)
+    from .._refused import refuse
+
+    refuse(__name__, name)  # litert-torch 0.10 names not provided: NotImplementedError with the alternative
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -99,7 +99,8 @@ def export(model: str | os.PathLike[str] | torch.nn.Module, output_dir: str | os
         cache_length: Slots of the KV cache, the bundle's max tokens (default 4096).
         cache_lengths: The peer's list of cache lengths: only ``cache_length`` itself is accepted.
         quantization_recipe: ``"dynamic_wi8_afp32"`` (default), ``"weight_only_wi8_afp32"``,
-            ``"weight_only_wi4_afp32"``, ``"fp16"`` (or this project's scheme names), or ``"none"`` for float32.
+            ``"weight_only_wi4_afp32"``, ``"fp16"`` (or this project's scheme names), ``"none"`` for float32, or
+            a ``QuantConfig`` of one of those schemes (``generative.quantize.quant_recipes.full_dynamic_recipe()``).
         k_ts_idx: The sequence axis of the K cache: 2 (or None).
         v_ts_idx: The sequence axis of the V cache: 2 (or None).
         use_jinja_template: False: leave the model's chat template out of the bundle.
@@ -187,6 +188,8 @@ def _lengths(v) -> list[int] | None:
 def _scheme(recipe):
     if recipe is None:
         return RECIPES["dynamic_wi8_afp32"]  # the peer's default
+    if getattr(recipe, "scheme", None) in RECIPES.values() and getattr(recipe, "recipe", None) is None:
+        return recipe.scheme  # a QuantConfig, e.g. generative.quantize.quant_recipes.full_dynamic_recipe()
     r = str(recipe).strip()
     if r.lower() in _NO_QUANT:
         return None
