@@ -1,0 +1,22 @@
+"""tpu_export.serve: TPU artifacts behind HTTP (Starlette + uvicorn), on PJRT.
+
+    from tpu_export import serve
+    serve.run(["out/tpu-v6e/model.tpuexp", "chat=out_lm/tpu-v6e"], port=8000, max_batch=32)
+    application = serve.app(["out/tpu-v6e"])        # the ASGI app, for any ASGI server
+
+The Open Inference Protocol (KServe v2 / Triton) for every artifact, the OpenAI completions and chat endpoints for
+an LM written by ``convert_lm``, dynamic batching, a bounded queue, deadlines and Prometheus metrics
+(docs/serve.md). Starlette, uvicorn and prometheus_client load when an app is made (the ``serve`` extra).
+
+The public names are this package's ``__all__``; its submodules are internal and may change between releases.
+"""
+
+from __future__ import annotations
+
+from tpu_export.converter.lazy_exports import lazy_getattr
+
+__all__ = ["app", "run", "ServeConfig", "ServeError"]
+
+_WHERE = {"app": "_server", "run": "_server", "ServeConfig": "_config", "ServeError": "_config"}
+
+__getattr__ = lazy_getattr(__name__, _WHERE)
