@@ -12,6 +12,7 @@ PACKAGES = [
     "tpu_export.converter.onnx",
     "tpu_export.converter.passes",
     "tpu_export.edge",
+    "tpu_export.explore",
     "tpu_export.targets",
     "tpu_export.targets.compat",
     "tpu_export.tpu_backend",
@@ -22,6 +23,10 @@ PACKAGES = [
     "tpu_export.litert_torch",
     "tpu_export.litert_torch.generative",
     "tpu_export.litert_torch.generative.export_hf",
+    "tpu_export.litert_torch.generative.quantize",
+    "tpu_export.litert_torch.debug",
+    "tpu_export.serve",
+    "tpu_export.litert_torch.quantize",
 ]
 
 

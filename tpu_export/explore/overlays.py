@@ -1,0 +1,318 @@
+"""Overlays: Model Explorer node data (one JSON file per overlay) written beside the artifact.
+
+Each file is Model Explorer's model node data: ``{graph id: {"results": {key: {"value": ..., "bgColor": ...}}}}``,
+keyed by a node's output tensor name (a .tflite tensor name, the captured graph's ``<module path>/<op>``), which
+Model Explorer matches against each node's ``tensor_name``. Written without Model Explorer installed: the format
+is plain JSON.
+
+- ``runs_on.<delegate>``: where each op runs. ``cpu``: XNNPACK or LiteRT's builtin kernel, as this machine's
+  interpreter partitions the model; ``gpu``, ``coreml``, ``metal``, ``tflm``: the delegate takes the op, or the
+  reason it does not (targets/compat's tables, read from the runtimes' own code).
+- ``latency``: each op's time on this CPU, in microseconds: the op alone in a one-op model, run by the LiteRT
+  interpreter on its real input values (median of repeated runs).
+- ``numeric``: each node's max relative error against torch eager (written by compare()).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+
+__all__ = ["overlay_path", "overlay_paths", "write_overlays", "numeric_overlay", "DELEGATES", "OVERLAYS"]
+
+DELEGATES = ("cpu", "gpu", "coreml", "metal", "tflm")
+OVERLAYS = tuple(f"runs_on.{d}" for d in DELEGATES) + ("latency", "numeric")
+_GOOD, _BAD, _MID = "#a5d6a7", "#ef9a9a", "#fff59d"
+
+
+def _stem(artifact: str) -> tuple[str, str]:
+    p = os.path.abspath(os.fspath(artifact)).rstrip(os.sep)
+    base = os.path.basename(p)
+    for ext in (".tflite", ".litertlm", ".tpuexp", ".zip"):
+        if base.endswith(ext):
+            base = base[: -len(ext)]
+            break
+    return os.path.dirname(p), base
+
+
+def overlay_path(artifact: str, name: str) -> str:
+    """Where overlay ``name`` of ``artifact`` lives: ``<folder>/<stem>.overlay.<name>.json``."""
+    folder, stem = _stem(artifact)
+    return os.path.join(folder, f"{stem}.overlay.{name}.json")
+
+
+def overlay_paths(artifact: str) -> dict:
+    """Every overlay written beside ``artifact``: name -> path."""
+    folder, stem = _stem(artifact)
+    pre = f"{stem}.overlay."
+    out = {}
+    if os.path.isdir(folder):
+        for f in sorted(os.listdir(folder)):
+            if f.startswith(pre) and f.endswith(".json"):
+                out[f[len(pre):-len(".json")]] = os.path.join(folder, f)
+    return out
+
+
+def _write(path: str, data: dict) -> str:
+    from tpu_export.converter.atomic import write_file
+
+    write_file(path, json.dumps(data, indent=1).encode())
+    return path
+
+
+def _subgraph_ids(tflite: bytes) -> dict:
+    """subgraph index -> the graph id Model Explorer gives it (the subgraph's name, else its signature key)."""
+    from ai_edge_litert import schema_py_generated as s
+
+    m = s.Model.GetRootAs(tflite, 0)
+    ids = {}
+    for i in range(m.SignatureDefsLength()):
+        sd = m.SignatureDefs(i)
+        ids.setdefault(sd.SubgraphIndex(), (sd.SignatureKey() or b"").decode())
+    for g in range(m.SubgraphsLength()):
+        name = (m.Subgraphs(g).Name() or b"").decode()
+        if name:
+            ids[g] = name
+        ids.setdefault(g, f"subgraph_{g}")
+    return ids
+
+
+def _xnnpack_ops(path: str) -> dict:
+    """subgraph 0's op index -> True where this machine's interpreter hands it to XNNPACK.
+
+    A DELEGATE node replaces a partition of the original nodes: the ops between its inputs and its outputs
+    (walking back from the outputs, stopping at the inputs)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interp = Interpreter(model_path=path)
+    interp.allocate_tensors()
+    w = interp._interpreter  # noqa: SLF001 - the node table has no public getter
+    names = [w.NodeName(k) for k in range(w.NumNodes())]
+    producer = {}
+    originals = [k for k, n in enumerate(names) if n != "DELEGATE"]
+    for k in originals:
+        for t in w.NodeOutputs(k):
+            producer[int(t)] = k
+    taken = set()
+    for k, n in enumerate(names):
+        if n != "DELEGATE":
+            continue
+        stop = {int(t) for t in w.NodeInputs(k)}
+        todo = [int(t) for t in w.NodeOutputs(k)]
+        seen = set()
+        while todo:
+            t = todo.pop()
+            if t in seen or t in stop or t not in producer:
+                continue
+            seen.add(t)
+            op = producer[t]
+            if op not in taken:
+                taken.add(op)
+                todo.extend(int(x) for x in w.NodeInputs(op) if int(x) >= 0)
+    return {k: k in taken for k in originals}
+
+
+def _key(op) -> str | None:
+    outs = [t for t in op.outputs if t is not None and t.name]
+    return outs[0].name if outs else None
+
+
+def runs_on(tflite_path: str) -> dict:
+    """{overlay name: node data} for every delegate (see the module docstring)."""
+    from tpu_export.targets.compat import delegates
+    from tpu_export.targets.compat.model_ops import read_ops
+
+    data = open(tflite_path, "rb").read()
+    ids = _subgraph_ids(data)
+    ops = read_ops(data)
+    xnn = _xnnpack_ops(tflite_path)
+    out = {}
+    for d in DELEGATES:
+        dl = delegates()[d]
+        graphs: dict = {}
+        for op in ops:
+            key = _key(op)
+            if key is None or op.fp16_weights:
+                continue
+            res = graphs.setdefault(ids[op.subgraph], {"name": f"runs on: {d}", "results": {}})["results"]
+            if d == "cpu":
+                on = xnn.get(op.index, False) if op.subgraph == 0 else False
+                res[key] = {"value": "XNNPACK" if on else "builtin kernel", "bgColor": _GOOD if on else _MID}
+                continue
+            reason = dl.reason(op)
+            if reason is None:
+                res[key] = {"value": dl.accelerator, "bgColor": _GOOD}
+            else:
+                res[key] = {"value": f"{dl.fallback}: {reason}", "bgColor": _BAD}
+        out[f"runs_on.{d}"] = graphs
+    return out
+
+
+def _pack(model) -> bytes:
+    import flatbuffers
+
+    b = flatbuffers.Builder(1024)
+    b.Finish(model.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
+def latency(tflite_path: str, inputs: dict | None = None, repeats: int = 20) -> dict:
+    """Each op of the first subgraph alone, on its real inputs: {"latency": node data} (microseconds).
+
+    Args:
+        tflite_path: The .tflite.
+        inputs: Signature input name -> array (default: seeded random values of each input's shape).
+        repeats: Timed runs per op (the median is kept).
+    """
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tpu_export.edge.inspect import read_model
+
+    data = open(tflite_path, "rb").read()
+    model = read_model(data)
+    sg = model.subgraphs[0]
+    import warnings
+
+    with warnings.catch_warnings():  # its "for debugging only" warning: the ops' real inputs are the point here
+        warnings.simplefilter("ignore", UserWarning)
+        full = Interpreter(model_path=tflite_path, experimental_preserve_all_tensors=True)
+    sigs = full.get_signature_list()
+    sig_key = next((k for k in sigs if full._interpreter.GetSubgraphIndexFromSignature(k) == 0), None)  # noqa: SLF001
+    if sig_key is None:
+        return {"latency": {}}
+    runner = full.get_signature_runner(sig_key)
+    rng = np.random.default_rng(0)
+    feed = {}
+    for name, d in runner.get_input_details().items():
+        if inputs and name in inputs:
+            feed[name] = np.asarray(inputs[name]).astype(d["dtype"])
+        elif np.issubdtype(d["dtype"], np.floating):
+            feed[name] = rng.standard_normal(d["shape"]).astype(d["dtype"])
+        else:
+            feed[name] = np.zeros(d["shape"], d["dtype"])
+    runner(**feed)
+    tensors = sg.tensors
+    results = {}
+    for op in sg.operators:
+        if any(t >= 0 and tensors[t].isVariable for t in op.inputs) or not len(op.outputs):
+            continue
+        one_op = _one_op_model(model, sg, op)
+        if one_op is None:
+            continue
+        blob, runtime_in = one_op
+        try:
+            one = Interpreter(model_content=blob, num_threads=1)
+            one.allocate_tensors()
+            for k, t in enumerate(runtime_in):
+                one.set_tensor(k, full.get_tensor(t, 0))
+            one.invoke()
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                one.invoke()
+                times.append(time.perf_counter() - t0)
+        except (RuntimeError, ValueError):  # an op that needs its subgraph (IF, WHILE) or its neighbours
+            continue
+        name = tensors[op.outputs[0]].name or b""
+        name = name.decode() if isinstance(name, bytes) else name
+        results[name] = {"value": round(statistics.median(times) * 1e6, 3)}
+    gid = _subgraph_ids(data)[0]
+    return {"latency": {gid: {"name": "latency (us, this CPU, op alone)", "results": results,
+                              "gradient": [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#ef5350"}]}}}
+
+
+def _one_op_model(model, sg, op):
+    """(a .tflite holding ``op`` alone, its runtime inputs' tensor indices in ``sg``): the op's tensors only, the
+    runtime inputs first (so input k is tensor k), its constants with their data; None for an op whose constants
+    live outside the flatbuffer (the >2 GB form) or that calls subgraphs."""
+    import copy
+
+    from tpu_export.edge.builder import schema
+
+    s = schema()
+    if op.builtinOptions is not None and any(hasattr(op.builtinOptions, f) for f in
+                                             ("thenSubgraphIndex", "condSubgraphIndex", "subgraphIndex")):
+        return None
+    runtime_in = [int(t) for t in op.inputs if t >= 0 and not _const(sg.tensors[t], model.buffers)]
+    used = list(dict.fromkeys(runtime_in + [int(t) for t in list(op.inputs) + list(op.outputs)
+                                            + list(op.intermediates if op.intermediates is not None else [])
+                                            if t >= 0]))
+    remap = {t: i for i, t in enumerate(used)}
+    buffers, tensors = [s.BufferT()], []
+    for t in used:
+        tt = copy.copy(sg.tensors[t])
+        b = model.buffers[tt.buffer] if 0 < tt.buffer < len(model.buffers) else None
+        if b is not None and (b.offset or 0) > 1:
+            return None
+        if b is not None and b.data is not None and len(b.data):
+            buffers.append(b)
+            tt.buffer = len(buffers) - 1
+        else:
+            tt.buffer = 0
+        tensors.append(tt)
+    one = copy.copy(op)
+    one.inputs = [remap[int(t)] if t >= 0 else -1 for t in op.inputs]
+    one.outputs = [remap[int(t)] for t in op.outputs]
+    if op.intermediates is not None:
+        one.intermediates = [remap[int(t)] for t in op.intermediates if t >= 0]
+    g = s.SubGraphT()
+    g.tensors, g.operators, g.name = tensors, [one], sg.name
+    g.inputs = [remap[t] for t in runtime_in]
+    g.outputs = list(one.outputs)
+    m = s.ModelT()
+    m.version, m.operatorCodes, m.description = model.version, model.operatorCodes, model.description
+    m.subgraphs, m.buffers = [g], buffers
+    return _pack(m), runtime_in
+
+
+def _const(t, buffers) -> bool:
+    b = buffers[t.buffer] if 0 < t.buffer < len(buffers) else None
+    return b is not None and (b.data is not None and len(b.data) > 0 or (b.offset or 0) > 1)
+
+
+def numeric_overlay(result, graph_id: str = "serving_default") -> dict:
+    """Node data of a CompareResult: each node's max relative error against torch eager, keyed by the artifact
+    tensor holding it (a .tflite tensor name, or the torch tensor name in the TPU view)."""
+    results = {}
+    for r in result.rows:
+        key = r.artifact_tensor if result.kind == "tflite" else r.tensor_name
+        results[key] = {"value": float(r.max_rel) if np.isfinite(r.max_rel) else 1e30,
+                        **({"bgColor": _BAD} if r.over else {})}
+    gid = graph_id if result.kind == "tflite" else "main"
+    return {gid: {"name": f"max rel error vs torch eager (tolerance {result.tolerance:g})", "results": results,
+                  "thresholds": [{"value": result.tolerance, "bgColor": _GOOD}]}}
+
+
+def write_overlays(artifact: str, *, names=None, inputs: dict | None = None) -> dict:
+    """Compute and write the overlays of a .tflite beside it; {name: path}.
+
+    Args:
+        artifact: A .tflite.
+        names: The overlays to write (default: every ``runs_on.*`` and ``latency``).
+        inputs: Input name -> array for the latency overlay (default: seeded random values).
+
+    Returns:
+        Overlay name -> the path written.
+
+    Raises:
+        ValueError: ``artifact`` is not a .tflite, or a name is not an overlay inspect writes.
+    """
+    path = os.fspath(artifact)
+    if not path.endswith(".tflite"):
+        raise ValueError(f"{path!r}: overlays are computed for a .tflite (a TPU artifact's view takes the numeric "
+                         "overlay of compare())")
+    wanted = list(names) if names else [n for n in OVERLAYS if n != "numeric"]
+    bad = [n for n in wanted if n not in OVERLAYS or n == "numeric"]
+    if bad:
+        known = ", ".join(n for n in OVERLAYS if n != "numeric")
+        raise ValueError(f"unknown overlay {bad[0]!r}; inspect writes {known} (numeric comes from compare)")
+    data = {}
+    if any(n.startswith("runs_on.") for n in wanted):
+        data.update(runs_on(path))
+    if "latency" in wanted:
+        data.update(latency(path, inputs))
+    return {n: _write(overlay_path(path, n), data[n]) for n in wanted}
