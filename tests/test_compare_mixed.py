@@ -84,3 +84,44 @@ def test_cli_mixed_precision(float_tflite, tmp_path, capsys):
     assert np.isfinite(rep["latency_us"]["mixed"])
     assert main(["compare", "tests.test_compare_mixed:build", float_tflite, "--quantize", "dynamic_int8"]) == 2
     assert "go together" in capsys.readouterr().err
+
+
+def test_convert_with_max_rel_err_meets_the_bound_where_plain_int8_does_not(tmp_path):
+    """`convert --quantize dynamic_int8 --max-rel-err E`: the plain int8 file misses E against torch eager, the
+    mixed one meets it on the LiteRT interpreter, and summary.json names the ops kept float."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from tpu_export.cli import main
+
+    model, args = build()
+    with torch.no_grad():
+        want = model(*args).numpy()
+
+    def err(path) -> float:
+        run = Interpreter(model_path=str(path)).get_signature_runner()
+        (name,) = run.get_input_details()
+        return rel_err(next(iter(run(**{name: args[0].numpy()}).values())), want)
+
+    spec = "tests.test_compare_mixed:build"
+    assert main(["convert", spec, "--target", "cpu", "--quantize", "dynamic_int8", "-o", str(tmp_path / "q"),
+                 "--quiet"]) == 0
+    assert err(tmp_path / "q" / "cpu" / "cpu.tflite") > MAX_REL_ERR
+    assert main(["convert", spec, "--target", "cpu", "--quantize", "dynamic_int8", "--max-rel-err",
+                 str(MAX_REL_ERR), "-o", str(tmp_path / "m"), "--quiet"]) == 0
+    assert err(tmp_path / "m" / "cpu" / "cpu.tflite") <= MAX_REL_ERR
+    report = json.loads((tmp_path / "m" / "summary.json").read_text())["targets"]["cpu"]["mixed_precision"]
+    assert report["float_ops"] and report["rel_err"]["mixed"] <= MAX_REL_ERR < report["rel_err"]["quantized"]
+    assert set(_fc_weight_dtypes(tmp_path / "m" / "cpu" / "cpu.tflite").values()) == {"float32", "int8"}
+
+
+def test_max_rel_err_needs_a_weight_scheme(capsys, tmp_path):
+    import tpu_export
+    from tpu_export.cli import main
+
+    assert main(["convert", "tests.test_compare_mixed:build", "--target", "cpu", "--max-rel-err", "0.01",
+                 "-o", str(tmp_path / "o")]) == 2  # a usage error
+    assert "give --quantize dynamic_int8" in capsys.readouterr().err
+    model, args = build()
+    with pytest.raises(ValueError, match="max_rel_err: target cpu with quant_config 'fp16'"):
+        tpu_export.convert(model, args, targets="cpu", out_dir=tmp_path / "p", quant_config="fp16", max_rel_err=0.01)
+    assert not (tmp_path / "o").exists() and not (tmp_path / "p").exists()

@@ -29,7 +29,7 @@ def __getattr__(name):
     if name == "explore":
         import tpu_export.explore
     elif name == "serve":
-        import tpu_export.serve
+        import tpu_export.serve  # noqa: F401 - binds tpu_export.serve (read back below)
     else:
         return _from_submodule(name)
     return globals()[name]

@@ -121,6 +121,12 @@ def cmd_convert(a) -> int:
     if a.dynamic_batch and not _is_factory(a.model):
         raise CliError("--dynamic-batch needs a factory MODEL (a .pt2 carries its own dynamic shapes)")
     dims = dict(_dim_spec(d) for d in a.dim or ()) if onnx else None
+    if a.max_rel_err is not None:
+        if not a.max_rel_err > 0:
+            raise CliError(f"--max-rel-err takes a positive number, got {a.max_rel_err}")
+        if not ("quant_config" in shared or any("quant_config" in o for _, _, o in items)):
+            raise CliError("--max-rel-err keeps the most sensitive ops float within a quantized model; give "
+                           "--quantize dynamic_int8 (or weight_only_int8, dynamic_int4_block32, weight_only_int4)")
 
     module, args, kwargs = load_model_spec(a.model)
     dyn = None
@@ -135,7 +141,7 @@ def cmd_convert(a) -> int:
 
     written = convert(module, args, kwargs, targets={name: opts for _, name, opts in items}, out_dir=a.output,
                       dynamic_shapes=dyn, progress=_progress(a.quiet), dim_sizes=dims, enable_x64=a.enable_x64,
-                      **{option: value for option, (_, value) in shared.items()})
+                      max_rel_err=a.max_rel_err, **{option: value for option, (_, value) in shared.items()})
     for t, p in written.items():
         print(f"{t}: {p}")
     return 0
@@ -303,6 +309,8 @@ def cmd_inspect(a) -> int:
         print(json.dumps(inspect_data(path, isolate=a.isolate), indent=2, default=str))
     else:
         print(describe(path, isolate=a.isolate))
+    if a.overlays:
+        importlib.import_module("tpu_export.cli_explore").write_inspect_overlays(path)
     return 0
 
 
@@ -447,6 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="edge targets: dynamic_int8, weight_only_int8, weight_only_int4, dynamic_int4_block32, "
                         "fp16 or static_int8 (needs --calibration); TPU/XLA targets: weight_only_int8 "
                         "(default: none, a float model; iot: static_int8)")
+    c.add_argument("--max-rel-err", type=float, metavar="E",
+                   help="with --quantize dynamic_int8, weight_only_int8, dynamic_int4_block32 or weight_only_int4 on "
+                        "android, ios or cpu: keep the ops the output is most sensitive to in float until its "
+                        "relative error against torch eager on the sample inputs is at most E (default: none, "
+                        "every op quantized)")
     c.add_argument("--calibration", metavar="FILE.npz",
                    help="sample inputs for static_int8 (and iot): one array per model input, sorted by name, "
                         "first dim = sample (default: none)")
@@ -515,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
                                     "that convert or convert-lm wrote (out/android)")
     i.add_argument("--json", action="store_true",
                    help="print the full description as JSON (the compiled targets' whole report.json included)")
+    i.add_argument("--overlays", action="store_true",
+                   help="a .tflite: also write its Model Explorer overlays beside it (where each op runs per "
+                        "delegate, per-op latency on this CPU) for `tpu-export explore --overlay` "
+                        "(default: not written)")
     _isolate_flag(i)
     i.set_defaults(fn=cmd_inspect)
 
@@ -545,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "distribution `import litert_torch` loads (exit 1 when two provide it).",
                         epilog=examples("tpu-export doctor"))
     dr.set_defaults(fn=cmd_doctor)
+    importlib.import_module("tpu_export.cli_serve").add_parser(sub, examples)
+    importlib.import_module("tpu_export.cli_debug").add_parser(sub, examples)
+    importlib.import_module("tpu_export.cli_explore").add_parser(sub, examples)
     p.commands = sub.choices  # name -> its parser (main's "unrecognized arguments" hint)
     return p
 

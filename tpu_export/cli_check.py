@@ -200,6 +200,7 @@ _WORDS = [
     (re.compile(r"^([\w-]+): (.*)\bchannel_last_io=False\b"), r"\1: \2--target \1:channel-last=off"),
     (re.compile(r"\bchannel_last_io\b"), "channel-last"),
     (re.compile(r"\bstrict_ops\b"), "strict"),
+    (re.compile(r"\bmax_rel_err\b"), "--max-rel-err"),
     (re.compile(r"\buse_pallas\b"), "use-pallas"),
     (re.compile(r"\bflash_kib\b"), "flash-kib"),
     (re.compile(r"\bram_kib\b"), "ram-kib"),

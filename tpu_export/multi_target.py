@@ -9,6 +9,7 @@ summary.json beside them: a failure leaves ``out_dir`` as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -45,6 +46,7 @@ def convert(
     enable_x64: bool = False,
     progress: Callable[[str], None] | None = None,
     dim_sizes: dict[str, int] | None = None,
+    max_rel_err: float | None = None,
     **options: Any,
 ) -> dict[str, str]:
     """Capture ``module`` once and write one artifact per target into ``out_dir``.
@@ -71,6 +73,10 @@ def convert(
         enable_x64: Keep 64-bit dtypes 64-bit (by default int64 and float64 compute as 32-bit).
         progress: Called with one line per step (capture, each target's lowering, publishing).
         dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+        max_rel_err: Accuracy-driven mixed precision for the edge targets quantized with a weight scheme
+            (``dynamic_int8``, ``weight_only_int8``, ``dynamic_int4_block32``, ``weight_only_int4``): the ops whose
+            quantization costs the most accuracy stay float until the output's relative error against torch eager
+            on the sample inputs is at most this; ``summary.json`` says which ops stayed float and what that costs.
         **options: Options shared by the targets: each target takes those of its kind (``topology`` and ``aot``
             go to TPU chips, ``quant_config`` and ``calibration_data`` to edge targets...). An option that no
             target of the call takes is an error. Per-target options add to (and override) the shared ones.
@@ -115,6 +121,7 @@ def convert(
     """
     say = progress or (lambda msg: None)
     resolved, opts = _targets_and_options(targets, options)  # unknown names and bad options fail before any work
+    mixed = _mixed_targets(resolved, opts, max_rel_err)
     out_dir = os.fspath(out_dir)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise ConversionError(f"out_dir {out_dir!r} exists and is not a directory")
@@ -154,10 +161,15 @@ def convert(
             t1 = time.perf_counter()
             say(f"{t.name}: lowering and writing ({t.backend} backend)")
             _say_layout(prog, t, o, say)
+            if t.name in mixed:  # written float, then quantized op by op within max_rel_err
+                o = dataclasses.replace(o, quant_config=None)
             if _streams(t, o):
                 path, info = _write_edge_streamed(prog, t, stage, o, say)
             else:
                 path, info = backends[t.backend].write_for_target(prog, t, stage, o, say)
+            if t.name in mixed:
+                info["mixed_precision"] = _mix(module, sample_args, sample_kwargs, path, mixed[t.name], max_rel_err,
+                                               f"{t.name}: ", say)
             summary["targets"][t.name] = {"path": os.path.relpath(path, stage),
                                           "seconds": round(time.perf_counter() - t1, 3),
                                           "bytes": artifact_size(path), **info}
@@ -173,6 +185,44 @@ def convert(
     finally:
         discard(stage)
     return {t.name: os.path.join(out_dir, summary["targets"][t.name]["path"]) for t in resolved}
+
+
+def _mixed_targets(resolved, opts, max_rel_err) -> dict:
+    """{target name: scheme} of the edge targets max_rel_err applies to; checked before any work."""
+    if max_rel_err is None:
+        return {}
+    from tpu_export.explore.mixed import SCHEMES as weight_schemes
+    from tpu_export.targets.registry import EdgeTarget
+
+    if isinstance(max_rel_err, bool) or not isinstance(max_rel_err, (int, float)) or not max_rel_err > 0:
+        raise ValueError(f"max_rel_err must be a positive number, got {max_rel_err!r}")
+    mixed = {}
+    for t, o in zip(resolved, opts):
+        qc = getattr(o, "quant_config", None)
+        scheme = getattr(qc, "scheme", qc)
+        if t.backend != "edge" or scheme is None:
+            continue
+        plain = all(getattr(type(t), h) is getattr(EdgeTarget, h) for h in ("finish", "package_files"))
+        if scheme not in weight_schemes or not plain or getattr(qc, "recipe", None) is not None:
+            raise ValueError(f"max_rel_err: target {t.name} with quant_config {scheme!r}: the mixed precision search "
+                             f"takes the weight schemes ({', '.join(weight_schemes)}) on android, ios and cpu")
+        mixed[t.name] = scheme
+    if not mixed:
+        raise ValueError("max_rel_err applies to edge targets quantized with a weight scheme; give quant_config "
+                         "(e.g. quant_config='dynamic_int8') to an android, ios or cpu target")
+    return mixed
+
+
+def _mix(module, sample_args, sample_kwargs, path, scheme, max_rel_err, prefix, say) -> dict:
+    """The staged float .tflite at ``path`` replaced by its mixed-precision quantization; the report as a dict."""
+    from tpu_export.explore.mixed import mixed_precision
+
+    args = sample_args if isinstance(sample_args, tuple) else (() if sample_args is None else (sample_args,))
+    _, report = mixed_precision(module, path, args, sample_kwargs, max_rel_err=max_rel_err, scheme=scheme,
+                                out=path)
+    for line in report.summary().splitlines():
+        say(prefix + line)
+    return report.as_dict()
 
 
 def _say_layout(prog, t, opts, say) -> None:
@@ -264,6 +314,10 @@ def _targets_and_options(targets, shared: dict) -> tuple[list, list]:
             opts.append(options_for(t, mine))
             continue
         opts.append(options_for(t, {**common, **(mine or {})}))
+    for t, o in zip(resolved, opts):
+        if getattr(o, "slots", None) is not None:
+            raise ValueError(f"target {t.name!r}: option slots is for convert_lm (an LM's decode_slots); convert "
+                             "exports no KV cache: drop it")
     return resolved, opts
 
 

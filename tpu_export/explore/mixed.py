@@ -1,4 +1,4 @@
-"""Accuracy-driven mixed precision: dynamic int8 everywhere except the ops the output error is most sensitive to.
+"""Accuracy-driven mixed precision: a weight scheme (int8, int4) everywhere but the ops the output is most sensitive to.
 
 Each op the scheme quantizes is quantized alone and the model's output error against torch eager measured (its
 sensitivity). Then, starting from the whole model quantized, the most sensitive ops go back to float one at a time
@@ -19,7 +19,8 @@ import numpy as np
 
 __all__ = ["MixedPrecisionReport", "mixed_precision"]
 
-_SCHEMES = ("dynamic_int8",)
+# the weight schemes (no calibration): each op's sensitivity is the error with that op alone quantized
+SCHEMES = ("dynamic_int8", "weight_only_int8", "dynamic_int4_block32", "weight_only_int4")
 
 
 @dataclasses.dataclass
@@ -57,15 +58,13 @@ def _scope(name: str) -> str:
     return f"(^|;){re.escape(name)};"
 
 
-def _recipe(base: list, float_names=(), only=None) -> list:
+def _recipe(base: list, float_names=()) -> list:
+    """``base`` with the ops writing ``float_names`` left in float (a later recipe entry wins for its scope)."""
     from ai_edge_quantizer import qtyping, recipe_manager
     from ai_edge_quantizer.algorithm_manager import AlgorithmName
 
     rm = recipe_manager.RecipeManager()
     every = qtyping.TFLOperationName.ALL_SUPPORTED
-    if only is not None:
-        rm.add_dynamic_config(_scope(only), every, 8)
-        return rm.get_quantization_recipe()
     rm.load_quantization_recipe(base)
     for name in float_names:
         rm.add_quantization_config(_scope(name), every, algorithm_key=AlgorithmName.NO_QUANTIZE)
@@ -87,6 +86,20 @@ def _quantized_ops(data: bytes) -> list:
         if any(t is not None and t.is_const and t.dtype in ("int8", "int4") for t in op.inputs) and op.outputs:
             out.append((op.outputs[0].name, op.name))
     return out
+
+
+def _as_nhwc(x, shape: tuple):
+    """``x`` (torch's NCHW) in a .tflite input's layout: as it is, or NHWC where the file takes that."""
+    if x.shape != shape and x.ndim == 4 and (x.shape[0], x.shape[2], x.shape[3], x.shape[1]) == shape:
+        return np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    return x
+
+
+def _as_nchw(y, shape: tuple):
+    """A .tflite output back in torch's layout where the file gives it NHWC."""
+    if y.shape != shape and y.ndim == 4 and (y.shape[0], y.shape[3], y.shape[1], y.shape[2]) == shape:
+        return y.transpose(0, 3, 1, 2)
+    return y
 
 
 def _runner(data: bytes, signature: str):
@@ -119,7 +132,8 @@ def mixed_precision(model, float_tflite: str | os.PathLike, sample_args: tuple =
         sample_args: The inputs the error is measured on.
         sample_kwargs: Keyword inputs.
         max_rel_err: The largest output relative error (the library's metric, converter.numerics.rel_err) allowed.
-        scheme: The quantization scheme: ``dynamic_int8``.
+        scheme: The quantization scheme: ``dynamic_int8``, ``weight_only_int8``, ``dynamic_int4_block32`` or
+            ``weight_only_int4``.
         out: Where to write the mixed model (default: not written).
         signature: The signature measured.
         repeats: Timed runs per model for the latency figures (median kept).
@@ -138,8 +152,8 @@ def mixed_precision(model, float_tflite: str | os.PathLike, sample_args: tuple =
     from tpu_export.converter.pipeline import SignatureRequest, prepare_many
     from tpu_export.edge.quantize import QuantConfig, recipe_for
 
-    if scheme not in _SCHEMES:
-        raise ValueError(f"scheme {scheme!r}: the mixed precision search takes {', '.join(_SCHEMES)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme {scheme!r}: the mixed precision search takes {', '.join(SCHEMES)}")
     if not max_rel_err > 0:
         raise ValueError(f"max_rel_err must be a positive number, got {max_rel_err!r}")
     args = sample_args if isinstance(sample_args, tuple) else (sample_args,)
@@ -159,9 +173,12 @@ def mixed_precision(model, float_tflite: str | os.PathLike, sample_args: tuple =
 
     def error(data: bytes) -> float:
         got = _runner(data, signature)(**feed)
-        return max(rel_err(np.asarray(got[n], dtype=np.float32), r) for n, r in zip(names, refs))
+        return max(rel_err(_as_nchw(np.asarray(got[n], dtype=np.float32), r.shape), r) for n, r in zip(names, refs))
 
     float_bytes = open(float_tflite, "rb").read()
+    # a target with NHWC image I/O (android, ios): the samples in the file's layout
+    wanted = _runner(float_bytes, signature).get_input_details()
+    feed = {n: _as_nhwc(x, tuple(wanted[n]["shape"])) if n in wanted else x for n, x in feed.items()}
     base = recipe_for(QuantConfig(scheme=scheme))
     full = _quantize(float_bytes, base)
     errs = {"float": error(float_bytes), "quantized": error(full)}
@@ -169,7 +186,9 @@ def mixed_precision(model, float_tflite: str | os.PathLike, sample_args: tuple =
         raise ValueError(f"{float_tflite}: the float model's output is already {errs['float']:.3g} from torch eager, "
                          f"past max_rel_err {max_rel_err:g}: no mix of precisions reaches it")
     cands = _quantized_ops(full)
-    sens = {name: error(_quantize(float_bytes, _recipe(base, only=name))) for name, _ in cands}
+    everyone = [n for n, _ in cands]
+    sens = {name: error(_quantize(float_bytes, _recipe(base, [n for n in everyone if n != name])))
+            for name in everyone}
     order = sorted(cands, key=lambda c: -sens[c[0]])
     kept: list = []
     mixed, err = full, errs["quantized"]
