@@ -92,19 +92,30 @@ def _structure(prog, to_channel_last_io=None) -> bytes:
 
 
 def lower_program(prog, to_channel_last_io=None, *, spill: bool = False,
-                  spill_folder: str | None = None) -> ModelBuilder:
+                  spill_folder: str | None = None, pt2e_io_int8: bool = False) -> ModelBuilder:
     """Every signature lowered into a ModelBuilder (its weights held by reference, not yet written).
     ``spill``: arrays the lowering computes (folded weights) wait in a temp file in
-    ``spill_folder``, not in memory (for a model about to be written to a file)."""
+    ``spill_folder``, not in memory (for a model about to be written to a file). ``pt2e_io_int8``: a
+    PT2E-quantized program's inputs and outputs are int8 themselves (edge.quantize_pt2e; the iot target)."""
     _decompose_unlowered(prog)
     check_support(prog, "edge", is_supported)
     model = ModelBuilder()
     if spill:
         model.spill_to(spill_folder)
+    pt2e = False
     with torch.no_grad():
         for sig in prog.signatures.values():
             ins, outs = _channel_last_io(to_channel_last_io, sig.name)
-            lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
+            lw = lower_signature(model, prog, sig, channel_last_inputs=ins, channel_last_outputs=outs)
+            if lw.pt2e_values:  # a PT2E-quantized model: its observed ranges become int8 kernels
+                from .quantize_pt2e import int8_from_pt2e
+
+                int8_from_pt2e(lw, io_int8=pt2e_io_int8)
+                pt2e = True
+    if pt2e:
+        from .quantize_pt2e import drop_unused_buffers
+
+        drop_unused_buffers(model)
     model.metadata[STRUCTURE_METADATA] = _structure(prog, to_channel_last_io)
     return model
 

@@ -62,6 +62,10 @@ class Lowerer(LoweringContextBase):
         # what a lowering emits once per signature and reuses for every node that asks (a grouped-query mask,
         # tiled once for all the layers reading it; a tensor's RESHAPE to a static shape): key -> value
         self.memo: dict = {}
+        # (QParams, Val) of the values a PT2E model observed (converter/passes/pt2e_qdq.py): edge/quantize_pt2e.py
+        # makes their ops int8 once the signature is lowered
+        self.pt2e_values: list = []
+        self.pt2e_requant: set = set()  # tensors of the RESHAPEs that requantize a value (see _pt2e_copy)
 
     # ------------------------------------------------------------------ current node
     def _dtype(self, torch_dtype) -> np.dtype:
@@ -449,6 +453,15 @@ def _try_fold(lw, node, args):
     return vals if isinstance(res, (tuple, list)) else vals[0]
 
 
+def _pt2e_copy(lw, v: Val) -> Val:
+    """A RESHAPE of v to its own shape: the op edge.quantize_pt2e turns into an int8 -> int8 QUANTIZE."""
+    phys = [-1 if d is None else d for d in v.phys_shape()]
+    if phys.count(-1) > 1:
+        raise NotImplementedError("edge: a PT2E value requantized to a second range with several dynamic dims")
+    return lw.op("RESHAPE", [lw.tensor(v), lw.const_tensor(phys, np.int32)], v.shape, v.dtype, v.perm,
+                 suffix="requant")
+
+
 def _boundary_layout(index, channel_last, rank) -> tuple:
     return L.channel_last(rank) if index in set(channel_last) and rank >= 3 else L.identity(rank)
 
@@ -480,6 +493,8 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                 res = args[0][args[1]]
             elif n.target in SYM_OPS:
                 res = _sym_value(lw, n, args)
+            elif n.meta.get("pt2e_requant"):  # a PT2E value at a second range: a tensor of its own to requantize
+                res = _pt2e_copy(lw, args[0])
             else:
                 res = _try_fold(lw, n, args)
                 if res is None:
@@ -504,6 +519,9 @@ def lower_signature(model: ModelBuilder, prog, sig, *, channel_last_inputs=(), c
                 seen.add(t)
                 lw.sg.rename(t, spec.name)
                 outs.append((spec.name, t))
+    lw.pt2e_values = [(n.meta["pt2e_qparams"], env[n]) for n in sig.graph.nodes
+                      if "pt2e_qparams" in n.meta and isinstance(env.get(n), Val)]
+    lw.pt2e_requant = {env[n].tensor for n in sig.graph.nodes if n.meta.get("pt2e_requant") and n in env}
     lw.sg.inputs = [t for _, t in inputs]
     lw.sg.outputs = [t for _, t in outs]
     # its own subgraph's index: a lowering may have added subgraphs after it (edge.attention_prefix)

@@ -78,8 +78,10 @@ def readers_fold_affine(node) -> bool:
     """Every reader of ``node`` is a linear layer with weights of its own taking ``node`` as
     its input: a per-last-dim scale g and shift b on node's value then fold into them,
     (x * g + b) @ W.T + c = x @ (W * g).T + (W @ b + c), and need no tensor op (as a
-    LayerNorm's or RMSNorm's affine before attention and MLP projections)."""
-    return bool(node.users) and all(
+    LayerNorm's or RMSNorm's affine before attention and MLP projections). Not for a value a PT2E model
+    quantized (``pt2e_qparams``): its range is the affine's output, and the readers' weights are on an int8 grid
+    that a folded scale would leave."""
+    return bool(node.users) and "pt2e_qparams" not in node.meta and all(
         u.target is aten.linear.default and u.args[0] is node and node not in u.args[1:] and not u.kwargs
         and _weight_node(u.args[1]) and (len(u.args) < 3 or u.args[2] is None or _weight_node(u.args[2]))
         for u in node.users)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SCHEMES", "QuantConfig", "QuantizationError", "as_quant_config", "recipe_for", "quantize_tflite",
-           "calibration_feeds", "unique_tensor_names", "prepare_tflite"]
+           "calibration_feeds", "unique_tensor_names", "prepare_tflite", "is_pt2e_config", "check_pt2e"]
 
 SCHEMES = ("dynamic_int8", "weight_only_int8", "weight_only_int4", "dynamic_int4_block32", "fp16", "static_int8")
 _ALIASES = {"float16": "fp16", "int8": "static_int8", "full_int8": "static_int8", "dynamic": "dynamic_int8"}
@@ -82,16 +82,41 @@ def _is_static(entry) -> bool:
     return bool(act) and entry.get("algorithm_key") != "no_quantize"
 
 
+def is_pt2e_config(value) -> bool:
+    """Whether ``value`` is litert_torch.quantize's QuantConfig(pt2e_quantizer=...): the quantization is already in
+    the module's graph (PT2E quantize/dequantize pairs), folded into int8 kernels by the conversion itself."""
+    return getattr(value, "pt2e_quantizer", None) is not None
+
+
 def as_quant_config(value) -> QuantConfig | None:
-    """None, a scheme name, a QuantConfig, or an ai-edge-quantizer recipe (list of dicts) -> QuantConfig."""
+    """None, a scheme name, a QuantConfig, or an ai-edge-quantizer recipe (list of dicts) -> QuantConfig.
+    A PT2E QuantConfig (``is_pt2e_config``) gives None: nothing is left to quantize after lowering."""
     if value is None or isinstance(value, QuantConfig):
         return value
+    if is_pt2e_config(value):
+        return None
     if isinstance(value, str):
         return QuantConfig(value)
     if isinstance(value, list) and all(isinstance(e, dict) for e in value):
         return QuantConfig("recipe", recipe=value)
     raise QuantizationError(f"quant_config must be a scheme name ({', '.join(SCHEMES)}), a QuantConfig or an "
                             f"ai-edge-quantizer recipe list; got {type(value).__name__}")
+
+
+def check_pt2e(quant_config, prog) -> None:
+    """Refuse a PT2E QuantConfig for a module with no PT2E quantization in its graph (``prepare_pt2e`` /
+    ``convert_pt2e`` not run: converting it would silently give a float model), and a second quantization
+    (a scheme or recipe) of a module PT2E already quantized."""
+    quantized = [n for n, sig in prog.signatures.items() if sig.graph_module.meta.get("pt2e")]
+    if is_pt2e_config(quant_config) and not quantized:
+        raise QuantizationError("quant_config=QuantConfig(pt2e_quantizer=...) but the module holds no PT2E "
+                                "quantize/dequantize ops: run prepare_pt2e(exported.module(), quantizer), calibrate, "
+                                "then convert_pt2e(...) and convert the module convert_pt2e returns")
+    if quantized and quant_config is not None and not is_pt2e_config(quant_config):
+        raise QuantizationError(f"the module is PT2E-quantized already (signatures {quantized}); quant_config "
+                                f"{quant_config!r} would quantize it twice: pass "
+                                "QuantConfig(pt2e_quantizer=quantizer) from litert_torch.quantize.quant_config, "
+                                "or None")
 
 
 def recipe_for(config: QuantConfig) -> list:

@@ -19,7 +19,7 @@ from ._dropin import LitertTorchNameWarning, warn_if_clashing
 
 __all__ = ["convert", "signature", "Converter", "Model", "load", "to_channel_last_io", "ModelExportError",
            "ModelRunError", "SignatureNotFoundError", "QuantConfig", "QuantizationError", "TfliteFormatError",
-           "LitertTorchNameWarning", "__version__"]
+           "LitertTorchNameWarning", "__version__", "config", "experimental_add_compilation_backend", "hlfb", "debug"]
 
 _WHERE = {
     "convert": "_convert",
@@ -31,6 +31,8 @@ _WHERE = {
     "ModelRunError": "_model",
     "SignatureNotFoundError": "_model",
     "to_channel_last_io": "_channel_last",
+    "config": "_config",
+    "experimental_add_compilation_backend": "_options",
 }
 _from_submodule = lazy_getattr(__name__, _WHERE)
 
@@ -47,6 +49,21 @@ def __getattr__(name):
         from tpu_export.edge.tflite_check import TfliteFormatError
 
         return TfliteFormatError
+    if name == "hlfb":
+        import importlib
+
+        return importlib.import_module(".hlfb", __name__)
+    if name == "debug":
+        import importlib
+
+        return importlib.import_module(".debug", __name__)
+    if name == "quantize":  # litert-torch 0.10's PT2E quantization (litert_torch.quantize.pt2e_quantizer)
+        import importlib
+
+        return importlib.import_module(".quantize", __name__)
+    from ._refused import refuse
+
+    refuse(__name__, name)  # litert-torch 0.10 names not provided: NotImplementedError with the alternative
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

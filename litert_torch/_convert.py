@@ -77,6 +77,23 @@ class Converter:
         self._requests.append(SignatureRequest(name, module, args, sample_kwargs, dynamic_shapes))
         return self
 
+    def experimental_add_compilation_backend(self, target: Any = None, **kwargs: Any) -> Converter:
+        """litert-torch 0.10's ahead-of-time NPU compilation: not done here.
+
+        Args:
+            target: An ``ai_edge_litert.aot`` vendor target.
+            **kwargs: The vendor compiler's options.
+
+        Returns:
+            Never returns.
+
+        Raises:
+            NotImplementedError: Always; the message names the alternative.
+        """
+        from ._options import experimental_add_compilation_backend
+
+        return experimental_add_compilation_backend(target, **kwargs)
+
     def convert(self,
                 module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto
                 | None = None,
@@ -87,7 +104,9 @@ class Converter:
                 enable_x64: bool = False, output_file_path: str | os.PathLike[str] | None = None,
                 lightweight_conversion: bool = False, delete_in_memory_params: bool = False,
                 weights_loader: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
-                progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None) -> Model:
+                progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None,
+                enable_debug: bool = False, debug_dir: str | os.PathLike[str] | None = None,
+                _litert_converter_flags: dict[str, Any] | None = None, **litert_torch_options: Any) -> Model:
         """Convert the signatures added so far (and ``module``, if given) into one LiteRT Model.
 
         Args:
@@ -99,7 +118,8 @@ class Converter:
             quant_config: Quantize the model: a scheme name (``"dynamic_int8"``, ``"weight_only_int8"``,
                 ``"weight_only_int4"``, ``"dynamic_int4_block32"``, ``"fp16"``, ``"static_int8"``), a ``QuantConfig``
                 (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an ai-edge-quantizer recipe (a list of
-                dicts). None: float32.
+                dicts), or ``litert_torch.quantize.quant_config.QuantConfig(pt2e_quantizer=...)`` for a module
+                quantized with PT2E (``convert_pt2e``'s output; its ranges become int8 kernels). None: float32.
             calibration_data: For static int8 only: an iterable of sample-argument tuples the activation ranges are
                 measured on.
             dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
@@ -116,6 +136,14 @@ class Converter:
                 (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
             progress: Called with a line per long step (weights written: tensors, MiB, MiB/s).
             dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+            enable_debug: Write the captured graphs, each stage's program and the ``.tflite`` to ``debug_dir``.
+            debug_dir: The folder for ``enable_debug`` (giving it turns ``enable_debug`` on).
+            _litert_converter_flags: litert-torch's converter flags: the keys applied are
+                ``enable_composite_direct_lowering``, ``enable_debug``, ``debug_dir``, ``model_origin_framework``;
+                any other key is refused by name (NotImplementedError).
+            **litert_torch_options: litert-torch 0.10's other arguments (``use_v2``, ``export_dir``,
+                ``runtime_constant_folding``, ...): their defaults are accepted, other values refused by name
+                (NotImplementedError, with the alternative).
 
         Returns:
             The converted Model (on the file, with ``output_file_path``).
@@ -132,14 +160,19 @@ class Converter:
             TypeError: ``dim_sizes`` is given for a model that is not ONNX.
             MemoryError: The conversion would need more memory than the machine has available (nothing was
                 started; the message says which of the large-model options to use).
+            NotImplementedError: A litert-torch 0.10 argument or converter flag asks for what this converter does
+                not do (the message names it and the alternative); an unknown keyword is a TypeError.
         """
-        from tpu_export.converter import prepare_many
         from tpu_export.converter.gc_pause import gc_paused
-        from tpu_export.edge.quantize import as_quant_config, calibration_feeds, quantize_tflite
+        from tpu_export.edge.quantize import as_quant_config, calibration_feeds, check_pt2e, quantize_tflite
 
         from ._large import check_memory, materialized, streams_quantization, write_or_bytes
+        from ._options import ConvertOptions
 
         quant = as_quant_config(quant_config)  # an unknown scheme fails before capture
+        opts = ConvertOptions.parse(enable_debug=enable_debug, debug_dir=debug_dir, progress=progress,
+                                    litert_converter_flags=_litert_converter_flags, extra=litert_torch_options)
+        progress = opts.progress
         if calibration_data is not None and (quant is None or not quant.needs_calibration):
             raise ValueError(f"calibration_data is only used by static int8 quantization; quant_config is "
                              f"{quant_config!r}")
@@ -155,7 +188,8 @@ class Converter:
             quant = None  # applied tensor by tensor as the weights are written
         check_memory(modules, to_file=to_file and quant is None, loader=weights_loader)
         with materialized(modules, weights_loader, output_file_path, progress), gc_paused():
-            prog = prepare_many(self._requests, strict=strict_export, enable_x64=enable_x64)
+            prog = opts.prepare(self._requests, strict=strict_export, enable_x64=enable_x64)
+            check_pt2e(quant_config, prog)  # PT2E: the quantize/dequantize pairs are in the graph
             # calibration samples are checked against the signatures before lowering
             feeds = calibration_feeds(prog, calibration_data) if quant is not None and quant.needs_calibration else None
             result = write_or_bytes(prog, modules, output_file_path=None if quant is not None else output_file_path,
@@ -168,12 +202,12 @@ class Converter:
                 from ._model import Model
 
                 Model(result).export(output_file_path)
-                return Model(output_file_path)
+                return opts.finish(Model(output_file_path))
         if isinstance(result, bytes):
             from ._model import Model
 
-            return Model(result)
-        return result
+            return opts.finish(Model(result))
+        return opts.finish(result)
 
 
 def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.PathLike[str] | onnx.ModelProto,
@@ -184,7 +218,9 @@ def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.Pa
             enable_x64: bool = False, output_file_path: str | os.PathLike[str] | None = None,
             lightweight_conversion: bool = False, delete_in_memory_params: bool = False,
             weights_loader: Callable[[str], torch.Tensor] | Mapping[str, torch.Tensor] | None = None,
-            progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None) -> Model:
+            progress: Callable[[str], None] | None = None, dim_sizes: dict[str, int] | None = None,
+            enable_debug: bool = False, debug_dir: str | os.PathLike[str] | None = None,
+            _litert_converter_flags: dict[str, Any] | None = None, **litert_torch_options: Any) -> Model:
     """Convert a PyTorch module to a LiteRT Model (a ``.tflite``), as litert-torch's ``convert`` does.
 
     The module is captured with ``torch.export`` and lowered to LiteRT builtin ops (no TensorFlow). The Model
@@ -206,7 +242,8 @@ def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.Pa
         quant_config: Quantize the model: a scheme name (``"dynamic_int8"``, ``"weight_only_int8"``,
             ``"weight_only_int4"``, ``"dynamic_int4_block32"``, ``"fp16"``, ``"static_int8"``), a ``QuantConfig``
             (e.g. ``QuantConfig("static_int8", io_dtype="int8")``) or an ai-edge-quantizer recipe (a list of
-            dicts). None: float32.
+            dicts), or ``litert_torch.quantize.quant_config.QuantConfig(pt2e_quantizer=...)`` for a module
+            quantized with PT2E (``convert_pt2e``'s output; its ranges become int8 kernels). None: float32.
         calibration_data: For static int8 only: an iterable of sample-argument tuples the activation ranges are
             measured on.
         dynamic_shapes: ``torch.export``'s dynamic-shape spec (a ``torch.export.Dim`` per dynamic dim).
@@ -223,6 +260,14 @@ def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.Pa
             (``converter.safetensors_weights.safetensors_loader(folder)`` reads a model directory's shards).
         progress: Called with a line per long step (weights written: tensors, MiB, MiB/s).
         dim_sizes: For an ONNX model: sizes for its named dims (``{"batch": 1}``); the others stay dynamic.
+        enable_debug: Write the captured graphs, each stage's program and the ``.tflite`` to ``debug_dir``.
+        debug_dir: The folder for ``enable_debug`` (giving it turns ``enable_debug`` on).
+        _litert_converter_flags: litert-torch's converter flags: the keys applied are
+            ``enable_composite_direct_lowering``, ``enable_debug``, ``debug_dir``, ``model_origin_framework``;
+            any other key is refused by name (NotImplementedError).
+        **litert_torch_options: litert-torch 0.10's other arguments (``use_v2``, ``export_dir``,
+            ``runtime_constant_folding``, ...): their defaults are accepted, other values refused by name
+            (NotImplementedError, with the alternative).
 
     Returns:
         The converted Model: ``model(*sample_args)`` runs it, ``model.export(path)`` writes the ``.tflite``.
@@ -238,6 +283,8 @@ def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.Pa
         TypeError: ``dim_sizes`` is given for a model that is not ONNX.
         MemoryError: The conversion would need more memory than the machine has available (nothing was
             started; the message says which of the large-model options to use).
+        NotImplementedError: A litert-torch 0.10 argument or converter flag asks for what this converter does not
+            do (the message names it and the alternative); an unknown keyword is a TypeError.
 
     Examples:
         >>> import os, tempfile
@@ -263,7 +310,9 @@ def convert(module: torch.nn.Module | torch.export.ExportedProgram | str | os.Pa
                                dynamic_shapes=dynamic_shapes, enable_x64=enable_x64,
                                output_file_path=output_file_path, lightweight_conversion=lightweight_conversion,
                                delete_in_memory_params=delete_in_memory_params, weights_loader=weights_loader,
-                               progress=progress, dim_sizes=dim_sizes)
+                               progress=progress, dim_sizes=dim_sizes, enable_debug=enable_debug,
+                               debug_dir=debug_dir, _litert_converter_flags=_litert_converter_flags,
+                               **litert_torch_options)
 
 
 def signature(name: str,

@@ -18,7 +18,7 @@ from .quantize import quantize_int8
 from .tflm_run import io_names, measure_arena, run_tflm
 
 __all__ = ["IotModel", "BudgetError", "NotFullIntegerError", "convert_iot", "c_sources", "check_budget",
-           "write_iot_package", "package_iot"]
+           "write_iot_package", "package_iot", "pt2e_int8"]
 
 # Ops whose float side is the model boundary, not computation.
 _BOUNDARY_OPS = {"QUANTIZE", "DEQUANTIZE"}
@@ -89,22 +89,27 @@ def _agreement(float_tflite: bytes, int8_tflite: bytes, samples: list, arena: in
             "float_range": hi - lo}
 
 
-def convert_iot(float_tflite: bytes, calibration_data, *, verify_inputs=None, io_dtype: str = "int8") -> IotModel:
+def convert_iot(float_tflite: bytes, calibration_data, *, verify_inputs=None, io_dtype: str = "int8",
+                int8_tflite: bytes | None = None) -> IotModel:
     """Quantize to full-integer int8, check it against TFLite Micro, run it there, measure the arena.
 
     ``calibration_data``: list of {input name: float array} (or {signature: [...]}) in the float
     model's layout. ``verify_inputs``: samples for the agreement check (default: the calibration set).
     ``io_dtype``: "int8" inputs/outputs (default), or "float32" with QUANTIZE/DEQUANTIZE at the boundary.
+    ``int8_tflite``: the full-integer model already made (a PT2E model's, ``pt2e_int8``); ``float_tflite`` is then
+    the reference its TFLite Micro run is compared with and ``calibration_data`` is None.
     """
     pre = compatibility(float_tflite, "iot")
     if not pre.ok:  # quantizing cannot add a kernel TFLite Micro lacks: say so before calibrating
         pre.raise_if_fallback()
-    int8 = quantize_int8(float_tflite, calibration_data, io_dtype=io_dtype)
+    int8 = int8_tflite if int8_tflite is not None else quantize_int8(float_tflite, calibration_data, io_dtype=io_dtype)
     compatibility(int8, "iot", strict=True)
     floats = _float_tensors(int8)
     if floats:
+        why = ("the PT2E quantizer left them float" if int8_tflite is not None
+               else "ai-edge-quantizer has no int8 kernel recipe for them")
         raise NotFullIntegerError(f"after int8 quantization these ops still compute in float: {', '.join(floats)} "
-                                  "(ai-edge-quantizer has no int8 kernel recipe for them)")
+                                  f"({why})")
     arena = measure_arena(int8)
     if isinstance(calibration_data, dict):
         calibration_data = next(iter(calibration_data.values()))
@@ -197,15 +202,47 @@ def write_iot_package(model: IotModel, out_dir: str, name: str = "model", *, fla
                                  f"{name}_model.c": source.encode()})
 
 
+def pt2e_int8(prog, channel_last=False) -> bytes:
+    """A PT2E-quantized Program (``prepare_pt2e`` / ``convert_pt2e``) as a full-integer .tflite: int8 kernels with
+    the observed ranges and int8 inputs and outputs (edge/quantize_pt2e.py), what TFLite Micro runs.
+
+    Raises:
+        NotFullIntegerError: An op, input or output the PT2E quantizer left float (named).
+    """
+    from tpu_export.edge.convert import lower_program
+
+    from .mobile import _io
+
+    try:
+        return lower_program(prog, _io(prog, channel_last), pt2e_io_int8=True).finish()
+    except ValueError as e:
+        if "full-integer" not in str(e):
+            raise
+        raise NotFullIntegerError(f"target 'iot': {e}") from None
+
+
 def package_iot(float_tflite: bytes, job) -> dict:
     """The iot target's ``finish`` hook: int8 through TFLite Micro (convert_iot), then the C package within
-    the budgets of ``job.options`` (IotOptions)."""
+    the budgets of ``job.options`` (IotOptions). A PT2E model (``job.quant`` its QuantConfig) is made int8 with
+    its own ranges; ``float_tflite`` (its int8 kernels between float inputs and outputs) is the reference."""
+    from tpu_export.edge.quantize import is_pt2e_config
+
     from .checks import calibration_samples, nhwc_inputs
 
     o = job.options
     ver = None if o.verify_inputs is None else calibration_samples(
         float_tflite, o.verify_inputs, channel_last_inputs=nhwc_inputs(job.prog_or_bytes, job.channel_last_io))
-    model = convert_iot(float_tflite, job.feeds, verify_inputs=ver, io_dtype=job.quant.io_dtype)
+    if is_pt2e_config(job.quant):
+        if ver is None:
+            raise ValueError("target 'iot' with a PT2E model needs option verify_inputs: the samples its TFLite Micro "
+                             "run is checked on (the model was calibrated in torch)")
+        if isinstance(job.prog_or_bytes, (bytes, bytearray, memoryview)):
+            raise TypeError("target 'iot' with a PT2E quant_config takes the module (or its Program), "
+                            "not .tflite bytes")
+        int8 = pt2e_int8(job.prog_or_bytes, job.channel_last_io)
+        model = convert_iot(float_tflite, None, verify_inputs=ver, int8_tflite=int8)
+    else:
+        model = convert_iot(float_tflite, job.feeds, verify_inputs=ver, io_dtype=job.quant.io_dtype)
     job.say(model.compat.summary())
     job.say(model.summary())
     return write_iot_package(model, job.out_dir, job.name, flash_kib=o.flash_kib, ram_kib=o.ram_kib)

@@ -8,6 +8,7 @@ from tpu_export.edge.quantize import (
     QuantConfig,
     QuantizationError,
     as_quant_config,
+    is_pt2e_config,
     quantize_tflite,
     unique_tensor_names,
 )
@@ -32,7 +33,15 @@ def web_scheme(cfg: QuantConfig | None) -> QuantConfig | None:
 
 
 def iot_scheme(quant_config) -> QuantConfig:
-    """Always full-integer int8; a bare "static_int8" (or none) means int8 I/O, what a microcontroller feeds."""
+    """Always full-integer int8; a bare "static_int8" (or none) means int8 I/O, what a microcontroller feeds. A PT2E
+    QuantConfig (litert_torch.quantize) is returned as it is: the model's own ranges, int8 I/O (targets/iot.py)."""
+    if is_pt2e_config(quant_config):
+        global_config = quant_config.pt2e_quantizer.global_config
+        if global_config is not None and global_config.is_dynamic:
+            raise QuantizationError("target 'iot' (TFLite Micro) runs full-integer int8 only: a dynamic PT2E "
+                                    "configuration leaves activations float; use "
+                                    "get_symmetric_quantization_config(is_dynamic=False)")
+        return quant_config
     cfg = as_quant_config("static_int8" if quant_config is None else quant_config)
     if isinstance(quant_config, str) or quant_config is None:
         cfg = QuantConfig(cfg.scheme, io_dtype="int8") if cfg.scheme == "static_int8" else cfg
@@ -47,6 +56,11 @@ def resolve_quant(target, quant_config, calibration_data) -> QuantConfig | None:
     calibration data checked against the scheme, without touching the model: before capture."""
     t = get_target(target)
     quant = t.quant_scheme(quant_config)
+    if is_pt2e_config(quant) or is_pt2e_config(quant_config):
+        if calibration_data is not None:
+            raise TypeError(f"target {t.name!r} does not take option calibration_data with a PT2E quant_config: "
+                            "the model was calibrated in torch (prepare_pt2e) before convert_pt2e")
+        return quant
     if quant is not None and quant.needs_calibration and calibration_data is None:
         raise QuantizationError(f"target {t.name!r}: {quant.scheme} builds a full-integer int8 model and needs "
                                 "calibration_data (a list of sample inputs: tuples of the module's args, or "

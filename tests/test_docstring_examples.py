@@ -23,6 +23,11 @@ MODULES = {
     "tpu_export.multi_target": (),
     "tpu_export.litert_torch._convert": (),
     "tpu_export.litert_torch._model": (),
+    "tpu_export.litert_torch._config": (),
+    "tpu_export.litert_torch.hlfb": (),
+    "tpu_export.litert_torch.debug.culprit": (),
+    "tpu_export.litert_torch.generative.quantize.quant_recipes": (),
+    "tpu_export.litert_torch.generative.quantize.supported_schemes": (),
     "tpu_export.tpu_backend.runtime": (),
     "tpu_export.tpu_backend.artifact.store": (),
     "tpu_export.tpu_backend.aot": (pytest.mark.libtpu,),  # compile_for: a TPU AOT compile (libtpu, ~1 s)

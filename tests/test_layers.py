@@ -34,7 +34,12 @@ _EDGE = _CAPTURE | {"ai_edge_litert", "ai_edge_quantizer", "flatbuffers", "liter
                     "sympy"}
 _TPU = _CAPTURE | {"jax", "jaxlib", "sympy"}
 _TARGETS = _EDGE | _TPU | {"tflite_micro"}
-_APP = _TARGETS | {"tokenizers", "litert_lm"}
+# torchao: litert_torch.quantize's PT2EQuantizer subclasses its Quantizer (prepare_pt2e moved there from torch.ao)
+_APP = _TARGETS | {"tokenizers", "litert_lm", "torchao"}
+# tpu_export.serve: the HTTP server's stack (the serve extra)
+_APP = _APP | {"starlette", "uvicorn", "prometheus_client"}
+# tpu_export.explore: Model Explorer's server and its graph adapters (the explore extra)
+_APP = _APP | {"model_explorer", "ai_edge_model_explorer_adapter"}
 THIRD_PARTY = {0: _CAPTURE, 1: None, 2: _TARGETS, 3: _APP, 4: _APP}
 THIRD_PARTY_BY_FOLDER = {"edge": _EDGE, "tpu_backend": _TPU}
 NEVER = {"converter": {"jax", "jaxlib", "libtpu", "ai_edge_litert", "ai_edge_quantizer", "flatbuffers",

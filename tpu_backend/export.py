@@ -151,11 +151,13 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
     names = list(signatures) if signatures is not None else list(prog.signatures)
     rewrites = {n: () for n in names}
     qconfig = None
-    if quant is not None:
+    from .quant import pt2e_weights
+
+    if quant is not None or pt2e_weights(prog, names):  # a PT2E model's linear weights are int8 + its scales
         from .quant import int8_rewrite, parse_quant, plan_int8
 
-        qconfig = parse_quant(quant)
-        plan = plan_int8(prog, names, qconfig)
+        qconfig = parse_quant(quant or "weight_only_int8")
+        plan = plan_int8(prog, names, qconfig, pt2e_only=quant is None)
         rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
     from .weight_layout import hwio_rewrite, plan_hwio
 

@@ -11,6 +11,12 @@ channels:
   ``x @ w``; ``x @ w.T`` arrives so too, as the converter folds ``w.T`` into a weight): a scale
   per column; stored transposed, so every stored int8 weight is [out, in] (the kernel's layout).
 
+A PT2E-quantized program (``prepare_pt2e`` / ``convert_pt2e``; converter/passes/pt2e_qdq.py) has its linear
+weights stored so whether or not ``quant`` is asked, with the observer's per-channel scales, not ones chosen
+here; its other quantized weights (convolutions) stay float32 holding the same int8-grid values, and each
+observed activation is rounded to its int8 grid (scale, zero point) as torch's converted model rounds it (for every
+reader: where torch rounds a value for some readers only, the others see it within half a step of their float).
+
 Each quantized weight ``name`` is stored as ``name.int8`` (int8) and ``name.int8_scale``
 (float32) in place of the float tensor: a quarter of the f32 bytes plus 4 bytes per output
 channel. Its linears lower through ``tpu_backend.pallas.int8_linear`` (the Pallas dequantizing
@@ -25,7 +31,8 @@ import dataclasses
 
 import torch
 
-__all__ = ["WeightOnlyInt8", "QInt8", "QUANT_SCHEMES", "parse_quant", "plan_int8", "int8_rewrite", "Int8Plan"]
+__all__ = ["WeightOnlyInt8", "QInt8", "QUANT_SCHEMES", "parse_quant", "plan_int8", "int8_rewrite", "Int8Plan",
+           "pt2e_weights", "pt2e_activation_ranges"]
 
 aten = torch.ops.aten
 
@@ -91,10 +98,59 @@ def _right_operand(u, w) -> bool:
     return u.args[2] is w and w not in u.args[:2]
 
 
-def plan_int8(prog, signature_names, config: WeightOnlyInt8) -> Int8Plan:
-    """Choose and quantize the weights (see module doc), looking at every listed signature."""
+def pt2e_weights(prog, signature_names) -> dict:
+    """{weight name: QParams} of the weights a PT2E model quantized (converter/passes/pt2e_qdq.py): their values
+    are on the int8 grid of the observer's scales, which the plan keeps instead of choosing its own."""
+    out = {}
+    for name in signature_names:
+        for w in prog.signature(name).weight_nodes():
+            qp = w.meta.get("pt2e_qparams")
+            if qp is not None:
+                out[w.meta["weight_name"]] = qp
+    return out
+
+
+def pt2e_activation_ranges(sig) -> dict:
+    """{node: fake-quantize function} for the activations of signature ``sig`` a PT2E model observed: the value
+    rounded to its int8 grid and back, as torch's converted model (and the edge's int8 kernels) compute it."""
+    out = {}
+    for n in sig.graph.nodes:
+        qp = n.meta.get("pt2e_qparams")
+        if qp is not None and qp.axis is None and "weight_name" not in n.meta:
+            out[n] = _fake_quant(qp)
+    return out
+
+
+def _fake_quant(qp):
+    def apply(x):
+        import jax.numpy as jnp
+
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        xf = x.astype(jnp.float32)
+        q = jnp.clip(jnp.round(xf * jnp.float32(1.0 / qp.scale)) + qp.zero_point, qp.qmin, qp.qmax)
+        return ((q - qp.zero_point) * jnp.float32(qp.scale)).astype(x.dtype)
+    return apply
+
+
+def _pt2e_rows(t: torch.Tensor, qp):
+    """(int8 [out, in], f32 [out]) of a PT2E weight [out, in] with per-row (axis 0) or per-tensor scales: the
+    observer's scales themselves (None when they are not per row, nor symmetric)."""
+    if qp.axis not in (None, 0) or any(z != 0 for z in (qp.zero_point if qp.axis is not None else (qp.zero_point,))):
+        return None
+    scales = torch.tensor(qp.scale if qp.axis is not None else [qp.scale] * t.shape[0], dtype=torch.float64)
+    if scales.numel() != t.shape[0]:
+        return None
+    q = torch.clamp(torch.round(t.double() / scales[:, None]), -127, 127).to(torch.int8)
+    return q, scales.float()
+
+
+def plan_int8(prog, signature_names, config: WeightOnlyInt8, *, pt2e_only: bool = False) -> Int8Plan:
+    """Choose and quantize the weights (see module doc), looking at every listed signature. A PT2E-quantized
+    weight (``pt2e_weights``) keeps the observer's scales, whatever its size; ``pt2e_only``: only those."""
     from .pallas.int8_matmul import quantize_int8_per_channel
 
+    pt2e = pt2e_weights(prog, signature_names)
     orientation: dict[str, set] = {}
     refused: set = set()
     for name in signature_names:
@@ -102,8 +158,9 @@ def plan_int8(prog, signature_names, config: WeightOnlyInt8) -> Int8Plan:
         for w in sig.weight_nodes():
             wname = w.meta["weight_name"]
             t = prog.weights[wname]
-            uses = _uses(w) if t.is_floating_point() and t.dim() == 2 and t.numel() >= config.min_elements else None
-            if not uses:
+            big = t.numel() >= config.min_elements if wname not in pt2e else True
+            uses = _uses(w) if t.is_floating_point() and t.dim() == 2 and big else None
+            if not uses or (pt2e_only and wname not in pt2e):
                 refused.add(wname)
                 continue
             orientation.setdefault(wname, set()).update(o for o, _ in uses)
@@ -112,6 +169,12 @@ def plan_int8(prog, signature_names, config: WeightOnlyInt8) -> Int8Plan:
         if wname in refused or len(kinds) != 1:
             continue
         t = prog.weights[wname].detach().float()
+        given = _pt2e_rows(t, pt2e[wname]) if wname in pt2e and kinds == {"rows"} else None
+        if given is not None:
+            chosen[wname] = given
+            continue
+        if wname in pt2e and pt2e_only:
+            continue  # stays float: its values are on the int8 grid already
         q, s = quantize_int8_per_channel(t if kinds == {"rows"} else t.T.contiguous())
         chosen[wname] = (torch.from_numpy(q), torch.from_numpy(s))
     return Int8Plan(chosen, config)

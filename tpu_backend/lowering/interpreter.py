@@ -282,6 +282,10 @@ def lower_signature(
     in_dtypes = [jnp_dtype(s.dtype, options) for s in sig.inputs]
     out_dtypes = [jnp_dtype(s.dtype, options) for s in sig.outputs]
     x64 = options.x64
+    # a PT2E model's observed activations: rounded to their int8 grid where torch's converted model rounds them
+    from ..quant import pt2e_activation_ranges
+
+    ranges = pt2e_activation_ranges(sig)
 
     def run(steps, outputs, weights, *inputs):
         if len(weights) != len(flat_names) or len(inputs) != len(input_nodes):
@@ -296,10 +300,15 @@ def lower_signature(
         for node, x, dt in zip(input_nodes, inputs, in_dtypes):
             env[node] = cast(jnp.asarray(x), dt)
         sym_env = symbols_of_inputs(input_nodes, [env[n] for n in input_nodes])
+        for node in input_nodes:
+            if node in ranges:
+                env[node] = ranges[node](env[node])
         for step in steps:
             args = _substitute(step.args, env)
             ctx = LoweringContext(step.node, _avals(args), options, sym_env)
             env[step.node] = JAX_LOWERINGS.call(_lower_and_cast, ctx, (step.fn, *args))
+            if step.node in ranges:
+                env[step.node] = ranges[step.node](env[step.node])
         return [outputs[n](env[n]) if n in outputs else env[n] for n in out_nodes]
 
     body = default = functools.partial(run, steps, rewrite.outputs)
