@@ -35,7 +35,7 @@ __all__ = ["STACKS", "render_page", "render_readme_table", "readme_with_table", 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "compat_matrix.json"
 PAGE = REPO / "docs" / "compatibility.md"
-DISTS = ("torch", "jax", "jaxlib", "libtpu", "torch-tpu", "tpu-export", "numpy")
+DISTS = ("torch", "torchvision", "jax", "jaxlib", "libtpu", "torch-tpu", "tpu-export", "numpy")
 
 # Each stack: the requirements pinned on pip's command line next to the project's own `[test]` extra.
 STACKS: dict[str, dict] = {
@@ -44,8 +44,9 @@ STACKS: dict[str, dict] = {
         "pins": ["torch==2.13.0", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.42.1"],
     },
     "torch2.14.1-libtpu0.0.51": {
-        "describe": "torch 2.14.1 (CUDA build, run on CPU) + jax 0.10.2 + libtpu 0.0.51",
-        "pins": ["torch==2.14.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51"],
+        "describe": "torch 2.14.1 (CUDA build, run on CPU) + torchvision 0.29.1 + jax 0.10.2 + libtpu 0.0.51",
+        # torchvision: tests/test_detection.py runs here (no torchvision build loads on the 2.13 stack)
+        "pins": ["torch==2.14.1", "torchvision==0.29.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51"],
     },
     "torch2.14.1-libtpu0.0.51-torch_tpu0.2.0": {
         "describe": "the stack above + torch-tpu 0.2.0 (autoloaded through torch's backend entry point)",

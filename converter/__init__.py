@@ -27,6 +27,10 @@ __all__ = [
     "UnsupportedOpsError",
     "DtypePolicyError",
     "UnsupportedOutputError",
+    "nms_padded",
+    "batched_nms_padded",
+    "static_detector",
+    "yolo_nms_padded",
 ]
 
 _WHERE = {
@@ -47,6 +51,10 @@ _WHERE = {
     "UnsupportedOpsError": "errors",
     "DtypePolicyError": "errors",
     "UnsupportedOutputError": "errors",
+    "nms_padded": "detection",
+    "batched_nms_padded": "detection",
+    "static_detector": "detection",
+    "yolo_nms_padded": "detection",
 }
 
 

@@ -59,6 +59,16 @@ def source_line(node) -> str:
     return best or "<unknown source line>"
 
 
+# op name -> how to get past it, printed under the op when a backend refuses it
+OP_HINTS: dict[str, str] = {
+    "torchvision.nms.default": "LiteRT lowers it for float32 boxes of a static, non-zero count; the TPU needs a "
+                               "static output length: call tpu_export.converter.nms_padded or batched_nms_padded "
+                               "(a static max_output_size and a valid mask) instead",
+    "torchvision.roi_align.default": "roi_align is lowered for a positive sampling_ratio on float32 inputs; "
+                                     "pass sampling_ratio > 0 (torchvision's detection models use 2)",
+}
+
+
 class UnsupportedOpsError(ConversionError):
     """One or more ops have no lowering on the chosen backend. Lists all of them at once."""
 
@@ -69,6 +79,8 @@ class UnsupportedOpsError(ConversionError):
         parts = [f"{len(missing)} op(s) cannot be lowered by the {backend} backend (nothing was written):"]
         for op, where in sorted(missing.items()):
             parts.append(f"  {op}  x{len(where)}")
+            if op in OP_HINTS:
+                parts.append(f"      fix: {OP_HINTS[op]}")
             for src in sorted(set(where))[:5]:
                 parts.append(f"      at {src}")
         parts.append(

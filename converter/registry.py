@@ -45,8 +45,8 @@ __all__ = ["LoweringRegistry", "DuplicateLoweringError", "LoweringError", "Lower
 
 # The op families every backend splits its lowerings by, one file each (edge/ops_<family>.py,
 # tpu_backend/lowering/ops_<family>.py): an op's lowerings and its test row are found under one name.
-OP_FAMILIES = ("activation", "attention", "conv", "creation", "elementwise", "index", "logical", "nn", "norm", "pool",
-               "reduce", "resize", "rnn", "sampling", "shape", "slice", "symbolic")
+OP_FAMILIES = ("activation", "attention", "conv", "creation", "detection", "elementwise", "index", "logical", "nn",
+               "norm", "pool", "reduce", "resize", "rnn", "sampling", "shape", "slice", "symbolic")
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -239,6 +239,9 @@ class LoweringRegistry:
     def __init__(self, backend: str):
         self.backend = backend
         self._table: dict[object, Callable] = {}
+        # 'ns.op.overload' -> lowering, for ops of a library that registers them on its own import
+        # (torchvision's): bound to the OpOverload the first time a graph or a listing meets it.
+        self._by_name: dict[str, Callable] = {}
 
     def lowering(self, *targets: Any, override: bool = False) -> Callable[[Callable], Callable]:
         """Decorator: register the decorated function as the lowering of each given op.
@@ -310,31 +313,78 @@ class LoweringRegistry:
     def register(self, target, fn: Callable, *, override: bool = False) -> None:
         if not callable(fn):
             raise TypeError(f"{self.backend}: the lowering of {op_name(target)} must be callable, got {fn!r}")
-        prev = self._table.get(target)
+        prev = self._lookup(target)
         if prev is not None and not override:
             raise DuplicateLoweringError(
                 f"{self.backend}: {op_name(target)} is already lowered by {_site(prev)}; refusing to "
                 f"overwrite it with {_site(fn)} (pass override=True to replace it on purpose)")
         self._table[target] = fn
 
+    def lowering_by_name(self, *names: str) -> Callable[[Callable], Callable]:
+        """Decorator: like ``lowering``, for ops named ``'ns.op.overload'`` (``op_name``'s form) that a
+        library registers when it is imported, possibly after this table was filled (``torchvision.nms.default``).
+        The lowering is bound to the op the first time a graph or a listing meets it; an op never
+        registered is never listed.
+
+        Args:
+            *names: The ops' names, ``'namespace.op.overload'``.
+
+        Returns:
+            The decorator; it records the function under each name and returns it unchanged.
+
+        Raises:
+            DuplicateLoweringError: A name already has a lowering recorded this way (both sites named).
+        """
+
+        def register(fn: Callable) -> Callable:
+            for name in names:
+                prev = self._by_name.get(name)
+                if prev is not None:
+                    raise DuplicateLoweringError(f"{self.backend}: {name} is already lowered by {_site(prev)}; "
+                                                 f"refusing to overwrite it with {_site(fn)}")
+                self._by_name[name] = fn
+            return fn
+
+        return register
+
+    def _bind_named(self) -> None:
+        for name, fn in list(self._by_name.items()):
+            ns, op, overload = name.split(".")
+            try:
+                target = getattr(getattr(getattr(torch.ops, ns), op), overload)
+            except (AttributeError, RuntimeError):
+                continue  # the library is not imported (yet)
+            self._by_name.pop(name)
+            self._table.setdefault(target, fn)
+
+    def _lookup(self, target) -> Callable | None:
+        fn = self._table.get(target)
+        if fn is None and self._by_name and is_op_overload(target) and op_name(target) in self._by_name:
+            self._bind_named()
+            fn = self._table.get(target)
+        return fn
+
     def get(self, target) -> Callable | None:
-        return self._table.get(target)
+        return self._lookup(target)
 
     def __contains__(self, target) -> bool:
-        return target in self._table
+        return self._lookup(target) is not None
 
     def __len__(self) -> int:
+        self._bind_named()
         return len(self._table)
 
     def targets(self) -> Iterable:
+        self._bind_named()
         return self._table.keys()
 
     def items(self) -> Iterable:
+        self._bind_named()
         return self._table.items()
 
     def is_supported(self, node: torch.fx.Node) -> bool:
         """The table lowers ``node``: it has a lowering and that lowering's predicate accepts it."""
-        fn = self._table.get(node.target)
+        fn = self._lookup(node.target)
         if fn is None:
             return False
         pred = getattr(fn, "supported_if", None)
