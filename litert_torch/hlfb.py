@@ -169,6 +169,7 @@ def composite_lowering(name: str, *, backend: str = "edge") -> Callable[[Callabl
             return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
         functools.update_wrapper(lower, fn)  # errors name the user's function and its line
+        del lower.__wrapped__  # its own signature (ctx, inputs, attr) is what binds the composite op's schema
         _registry(backend).register(composite_op(name), lower)
         return fn
 
