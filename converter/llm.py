@@ -29,6 +29,22 @@ The cache protocol (what every signature takes and returns; static shapes, batch
 - the caller owns the state: it passes zeros first, then each call's returned caches to the next call, and keeps
   every position below ``cache_len`` (the graph cannot raise; tpu_export.generate checks it).
 
+Slots (cache protocol version 2, ``prepare_lm(slots=B)``, TPU/XLA targets): two more signatures for continuous
+batching, beside the batch-1 ``prefill_<L>`` and ``decode`` above (unchanged):
+
+- ``decode_slots``: ``tokens`` int32 [B, 1], ``input_pos`` int32 [B] (each slot's own position: slot b's token is
+  written at slot ``input_pos[b]`` of row b, by a scatter, and row b attends to its slots ``<= input_pos[b]``), the
+  caches [B, kv_heads, cache_len, head_dim]; returns ``logits`` [B, 1, vocab] and the caches. Each row is computed
+  from its own inputs only: a free slot's row is ignored by the caller, whatever it holds.
+- ``decode_slots_<k>`` for k = 4, 8, 16... below B: the same over the first k rows (``tokens`` [k, 1],
+  ``input_pos`` [k], the B-row caches, ``logits`` [k, 1, vocab]); the other rows are neither read nor written.
+- ``insert_slot``: ``slot`` int32 [1], the B-row caches and ``new_kv_cache_k_<i>`` / ``new_kv_cache_v_<i>`` (a
+  request's batch-1 caches, as its ``prefill_<L>`` calls returned them); returns the B-row caches with row ``slot``
+  replaced by the request's (a dynamic-update-slice on axis 0).
+
+A request is prefilled alone at batch 1, inserted into a free row, then decoded with the others, each row at its own
+length; a row's stale slots past its position are never read, so a row is reused without clearing it.
+
 The model runs through its own ``transformers`` modeling code: the wrapper hands it a Cache whose layers hold the
 input tensors and update them functionally, a 4-D additive mask built from ``input_pos``, and ``position_ids``.
 """
@@ -48,7 +64,9 @@ from .llm_mla import mla_attention, mla_cache_widths
 from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
-__all__ = ["CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm"]
+__all__ = ["CACHE_PROTOCOL", "CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm", "slot_sizes"]
+
+CACHE_PROTOCOL = 2  # lm.json's cache_protocol: 1 the batch-1 signatures alone, 2 adds decode_slots / insert_slot
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,9 +147,9 @@ class _StateLayer:
     is_compileable = True
     supports_early_init = False  # given its tensors, never allocated by transformers
 
-    def __init__(self, keys, values, pos, window_slots=None, repeats: int = 1):
+    def __init__(self, keys, values, pos, window_slots=None, repeats: int = 1, slots: bool = False):
         self.keys, self.values, self.pos, self.is_initialized = keys, values, pos, True
-        self.window_slots, self.repeats = window_slots, int(repeats)
+        self.window_slots, self.repeats, self.slots = window_slots, int(repeats), slots
         self.length = pos[0]  # the tokens before this call's block (its first position; input_pos is contiguous)
 
     def lazy_initialization(self, key_states, value_states):  # the layer holds the caller's tensors from the start
@@ -144,10 +162,13 @@ class _StateLayer:
         repeated = self.repeats > 1 and key_states.shape[1] != self.keys.shape[1]
         if repeated:
             key_states, value_states = key_states[:, ::self.repeats], value_states[:, ::self.repeats]
-        self.keys = cache_write(self.keys, key_states, self.pos, 2)
-        self.values = cache_write(self.values, value_states, self.pos, 2)
+        write = _slot_write if self.slots else cache_write
+        self.keys = write(self.keys, key_states, self.pos, 2)
+        self.values = write(self.values, value_states, self.pos, 2)
         self.length = self.pos[0] + key_states.shape[2]
         keys, values = self.keys, self.values
+        if self.slots and key_states.shape[0] < keys.shape[0]:  # decode_slots_<k>: attention over the first k rows
+            keys, values = keys[:key_states.shape[0]], values[:key_states.shape[0]]
         if self.window_slots is not None:  # a sliding layer's decode reads only its window (KVCacheLM._window)
             keys, values = keys.index_select(2, self.window_slots), values.index_select(2, self.window_slots)
         if repeated:
@@ -169,6 +190,15 @@ class _StateLayer:
 
     def get_max_length(self):
         return self.keys.shape[2]
+
+
+def _slot_write(cache, update, pos, dim: int):
+    """``decode_slots``' cache write: row b's one new key (or value) at slot ``pos[b]`` of row b, as one scatter
+    (each row at its own position, so no one dynamic-update-slice does); in place when the cache is donated."""
+    rows = torch.arange(update.shape[0], device=pos.device)  # the first k rows (decode_slots_<k>) or all B
+    out = cache.clone()
+    out[rows, :, pos] = update[:, :, 0].to(cache.dtype)  # [k, heads, width] at (b, :, pos[b], :)
+    return out
 
 
 def _repeat_heads(x, repeats: int):
@@ -200,10 +230,12 @@ class KVCacheLM(torch.nn.Module):
     Call: ``forward(tokens, input_pos, **caches) -> {"logits": ..., **updated caches}``.
     """
 
-    def __init__(self, model, cache_len: int, dtype: torch.dtype = torch.float32, batch: int = 1):
+    def __init__(self, model, cache_len: int, dtype: torch.dtype = torch.float32, batch: int = 1,
+                 slots: bool = False):
         super().__init__()
         if int(batch) < 1:
             raise ValueError(f"batch must be >= 1, got {batch}")
+        self.slots = bool(slots)  # decode_slots: input_pos [batch], one position per row
         cfg = model.config
         heads = cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
@@ -229,6 +261,8 @@ class KVCacheLM(torch.nn.Module):
             states = tuple(s for _, layer_states in self.stateful.values() for s in layer_states)
         self.spec = CacheSpec(cfg.num_hidden_layers, kv_heads,
                               int(cache_len), head_dim, dtype, int(batch), v_head_dim, kv_layers, states)
+        if self.slots:
+            _refuse_slots(model, self)
 
     def _masks(self, pos, window_slots=None):
         """The additive attention mask from positions: query t sees the slots <= its position (and, in a
@@ -236,13 +270,15 @@ class KVCacheLM(torch.nn.Module):
         type (transformers' own convention for mixed layers, e.g. Gemma 3). ``window_slots``: the cache slots a
         sliding layer reads (``_window``); its mask is over those, not the whole cache."""
         slots = torch.arange(self.spec.cache_len, device=pos.device)
-        causal = slots[None, :] <= pos[:, None]  # [T, cache_len]
+        if self.slots:  # one query per row at its own position: masks [B, 1, 1, cache_len]
+            pos = pos[:, None]
+        causal = slots <= pos[..., None]  # [T, cache_len] ([B, 1, cache_len] for slots)
         dtype = self.model.get_input_embeddings().weight.dtype
         window = self._sliding_window()
         sliding = None
         if window:
             seen = slots if window_slots is None else window_slots
-            sliding = (seen[None, :] <= pos[:, None]) & (seen[None, :] > pos[:, None] - window)
+            sliding = (seen <= pos[..., None]) & (seen > pos[..., None] - window)
         if self.layer_types is None:
             # no per-layer types: every layer slides when the config sets a window (Mistral, Phi-3, Mixtral)
             return _additive(causal if sliding is None else sliding, dtype)
@@ -253,7 +289,7 @@ class KVCacheLM(torch.nn.Module):
             masks["sliding_attention"] = _additive(sliding, dtype)
         if "chunked_attention" in self.layer_types:  # transformers' chunked_overlay: the key in the query's chunk
             chunk = int(self.model.config.attention_chunk_size)
-            masks["chunked_attention"] = _additive(causal & (slots[None, :] >= (pos - pos % chunk)[:, None]), dtype)
+            masks["chunked_attention"] = _additive(causal & (slots >= (pos - pos % chunk)[..., None]), dtype)
         return masks
 
     def _sliding_window(self) -> int | None:
@@ -268,7 +304,7 @@ class KVCacheLM(torch.nn.Module):
         packing of every slot of K and V per layer and step (~1/3 of an int8 decode step, bench/kv_layout.py), so
         a 512-slot window over a 1024-slot cache halves that layer's attention, and a 4096-slot cache's by 8x."""
         window = self._sliding_window()
-        if steps != 1 or not window or window >= self.spec.cache_len:
+        if steps != 1 or not window or window >= self.spec.cache_len or self.slots:  # slots: each row its own
             return None
         start = torch.clamp(pos[:1] - (window - 1), 0, self.spec.cache_len - window)
         return start + torch.arange(window, device=pos.device)
@@ -284,9 +320,10 @@ class KVCacheLM(torch.nn.Module):
         n_real = llm_conv.real_tokens(pos, tokens.shape[1]) if self.stateful else None
         layers = [self._state_layer(i, caches, n_real) if i in self.stateful else
                   _StateLayer(caches[f"kv_cache_k_{i}"], caches[f"kv_cache_v_{i}"], pos,
-                              window if self._slides(i) else None, self.repeats)
+                              window if self._slides(i) else None, self.repeats, self.slots)
                   for i in range(self.spec.num_layers)]
-        position_ids = pos[None].expand(tokens.shape[0], -1)  # one position row per batch row (shared)
+        # one position row per batch row: shared, or each slot's own
+        position_ids = pos[:, None] if self.slots else pos[None].expand(tokens.shape[0], -1)
         with _grouped_query_sdpa(self.model.config), mla_attention(self.model), \
                 llm_state.scope(self.model, self.stateful, n_real):
             out = self.model(input_ids=tokens.to(torch.long), attention_mask=self._masks(pos, window),
@@ -405,7 +442,28 @@ def _layer_types(cfg) -> list[str] | None:
 
 
 def _additive(visible, dtype):
-    return torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]  # [1, 1, T, cache_len]
+    mask = torch.where(visible, 0.0, torch.finfo(dtype).min).to(dtype)
+    return mask[None, None] if mask.ndim == 2 else mask[:, None]  # [1, 1, T, cache_len] or [B, 1, 1, cache_len]
+
+
+def _refuse_slots(model, lm) -> None:
+    """decode_slots writes and masks each row at its own position; the layers that read one position for the whole
+    batch are refused by name rather than exported wrong."""
+    from .llm_errors import family_of
+
+    cfg = model.config
+    what = None
+    if lm.stateful:
+        what = "layers with a state beside the KV cache (convolution or recurrent state)"
+    elif mla_cache_widths(model) is not None:
+        what = "multi-head latent attention"
+    elif lm.layer_types is not None and "chunked_attention" in lm.layer_types or \
+            getattr(cfg, "attn_temperature_tuning", None):
+        what = "chunked attention / attention temperature read from the cache length"
+    if what is not None:
+        raise UnsupportedModelError(f"{family_of(model)}: slots (continuous batching) are not exported for {what}; "
+                                    "convert without slots (the batch-1 prefill and decode signatures serve it one "
+                                    "request at a time)")
 
 
 class _CachesOnly(torch.nn.Module):
@@ -422,9 +480,26 @@ class _CachesOnly(torch.nn.Module):
         return {k: v for k, v in self.lm(tokens, input_pos, **caches).items() if k != "logits"}
 
 
-def lm_requests(lm: KVCacheLM, prefill_lengths, *, prefill_logits: bool = True) -> list[SignatureRequest]:
+class _InsertSlot(torch.nn.Module):
+    """``insert_slot``: the B-row caches with row ``slot`` replaced by a request's batch-1 caches (``new_<name>``),
+    a dynamic-update-slice on axis 0 per cache (in place when the B-row caches are donated)."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = list(names)
+
+    def forward(self, slot, **caches):
+        return {n: cache_write(caches[n], caches[f"new_{n}"], slot, 0) for n in self.names}
+
+
+SLOT_SIGNATURES = ("decode_slots", "insert_slot")  # and decode_slots_<k> (slot_sizes)
+
+
+def lm_requests(lm: KVCacheLM, prefill_lengths, *, prefill_logits: bool = True,
+                slots: int | None = None) -> list[SignatureRequest]:
     """One SignatureRequest per ``prefill_<L>`` and one for ``decode``, all on the same module (shared weights).
-    ``prefill_logits=False``: the prefill signatures return only the updated caches (see ``_CachesOnly``)."""
+    ``prefill_logits=False``: the prefill signatures return only the updated caches (see ``_CachesOnly``).
+    ``slots``: B, adds ``decode_slots`` and ``insert_slot`` over B rows (the protocol above; ``lm`` at batch 1)."""
     lengths = sorted({int(n) for n in prefill_lengths})
     if not lengths or lengths[0] < 1 or lengths[-1] > lm.spec.cache_len:
         raise ValueError(f"prefill lengths {list(prefill_lengths)} must be >= 1 and <= the cache length "
@@ -434,19 +509,48 @@ def lm_requests(lm: KVCacheLM, prefill_lengths, *, prefill_logits: bool = True) 
     for name, t in [(f"prefill_{n}", n) for n in lengths] + [("decode", 1)]:
         args = (torch.zeros(lm.spec.batch, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32))
         reqs.append(SignatureRequest(name, lm if name == "decode" else prefill, args, lm.spec.zeros()))
+    if slots is not None:
+        reqs += _slot_requests(lm, int(slots))
     return reqs
 
 
-def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256, batch: int = 1, prefill_logits: bool = True):
+def _slot_requests(lm: KVCacheLM, slots: int) -> list[SignatureRequest]:
+    if not isinstance(lm, KVCacheLM) or lm.spec.batch != 1:
+        raise ValueError("slots need a KVCacheLM of batch 1 (its prefill and decode signatures serve one request)")
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    rows = KVCacheLM(lm.model, lm.spec.cache_len, lm.spec.dtype, batch=slots, slots=True).eval()  # same weights
+    reqs = [SignatureRequest(f"decode_slots_{k}" if k < slots else "decode_slots", rows,
+                             (torch.zeros(k, 1, dtype=torch.int32), torch.zeros(k, dtype=torch.int32)),
+                             rows.spec.zeros()) for k in slot_sizes(slots)]
+    insert = SignatureRequest("insert_slot", _InsertSlot(rows.spec.names()).eval(),
+                              (torch.zeros(1, dtype=torch.int32),),
+                              {**rows.spec.zeros(), **{f"new_{n}": t for n, t in lm.spec.zeros().items()}})
+    return [*reqs, insert]
+
+
+def slot_sizes(slots: int) -> list[int]:
+    """The row counts a slotted export decodes: 4, 8, 16... below ``slots`` (``decode_slots_<k>``: the first k
+    rows; on a CPU a step costs about k rows' matmuls) and ``slots`` itself (``decode_slots``)."""
+    sizes, k = [], 4
+    while k < slots:
+        sizes.append(k)
+        k *= 2
+    return [*sizes, slots]
+
+
+def prepare_lm(model, *, prefill_lengths=(32,), cache_len: int = 256, batch: int = 1, prefill_logits: bool = True,
+               slots: int | None = None):
     """Capture ``model`` (a transformers causal LM) once per signature into one Program sharing its weights;
     ``batch`` rows per call (tokens [batch, T], caches [batch, ...]; 1 for the edge); ``prefill_logits=False``
-    leaves the logits out of the prefill signatures (what the generation loops need; see ``_CachesOnly``).
+    leaves the logits out of the prefill signatures (what the generation loops need; see ``_CachesOnly``);
+    ``slots``: B, adds ``decode_slots`` and ``insert_slot`` for continuous batching (``batch`` must be 1).
 
     Returns ``(program, cache_spec)``.
     """
     lm = KVCacheLM(model, cache_len, batch=batch).eval()
     with torch.no_grad():
         try:
-            return prepare_many(lm_requests(lm, prefill_lengths, prefill_logits=prefill_logits)), lm.spec
+            return prepare_many(lm_requests(lm, prefill_lengths, prefill_logits=prefill_logits, slots=slots)), lm.spec
         except ExportFailedError as e:  # raised in the family's modeling code: named in its words
             raise capture_failure(e, model) from e

@@ -121,6 +121,7 @@ def convert_lm(source: str | os.PathLike[str] | torch.nn.Module, targets: str | 
     """
     say = progress or (lambda msg: None)
     resolved, opts = _resolve(targets, quantize)
+    slots = _slots(resolved, opts)
     out_dir = os.path.abspath(os.fspath(out_dir))
     _check_out_dir(out_dir)
     stages = Stages(say)
@@ -129,10 +130,19 @@ def convert_lm(source: str | os.PathLike[str] | torch.nn.Module, targets: str | 
     if any(t.backend == "edge" for t in resolved):
         src.require_tokenizer("the .litertlm bundle")  # before the capture, not after minutes of it
     check_lm_chat_template(source, src)
-    with stages("capture", f"torch.export of prefill {sorted(set(prefill_lengths))} and decode, cache "
-                           f"{cache_len or 'default'}"):
-        prog, spec = capture_lm(src, prefill_lengths, cache_len)
+    if slots is not None and src.protocol:
+        raise LmSourceError(f"{src.name}: slots need a transformers model (decode_slots is built from its layers); "
+                            "a cache-protocol module brings its own signatures: drop slots")
+    with stages("capture", f"torch.export of prefill {sorted(set(prefill_lengths))} and decode"
+                           f"{f', decode_slots over {slots} slots' if slots else ''}, cache {cache_len or 'default'}"):
+        prog, spec = capture_lm(src, prefill_lengths, cache_len, slots=slots)
     meta = lm_meta(src, spec, prefill_lengths)
+    slotted = None
+    if slots is not None:  # the slot signatures go to the targets that asked for them, the rest get the batch-1 ones
+        from tpu_export.converter.llm import SLOT_SIGNATURES
+
+        slotted = prog
+        prog = _without(prog, SLOT_SIGNATURES)
     no_bundle = _bundle_refusal(src, spec)  # None, or why no .litertlm is written
     cache_comparison = _plain_kv_comparison(src)
     ref = None
@@ -144,7 +154,7 @@ def convert_lm(source: str | os.PathLike[str] | torch.nn.Module, targets: str | 
             ref = reference_logits(src, prog, spec, prefill_lengths)
         source_dtype = next((p.dtype for p in getattr(src.model, "parameters", lambda: iter(()))()), None)
     signatures = {s.name: {"inputs": [(i.name, list(i.shape), str(i.dtype)) for i in s.inputs]}
-                  for s in prog.signatures.values()}
+                  for s in (slotted or prog).signatures.values()}
     held = {"prog": prog}  # the only reference from here on: the last edge target drops it (see _edge_lm_bytes)
     del prog
     stage = staging_dir(out_dir)
@@ -161,8 +171,10 @@ def convert_lm(source: str | os.PathLike[str] | torch.nn.Module, targets: str | 
                 files, target_meta, tspec = (_write_edge(held, src, spec, t, o, d, ts, last=k == len(resolved) - 1,
                                                          no_bundle=no_bundle), meta, spec)
             else:
-                files, tspec = _write_tpu(held["prog"], spec, t, o, d, ts)
-                target_meta = lm_meta(src, tspec, prefill_lengths)  # bf16 caches under dtype=bfloat16
+                mine = slotted if getattr(o, "slots", None) is not None else held["prog"]
+                files, tspec = _write_tpu(mine, spec, t, o, d, ts)
+                # bf16 caches under dtype=bfloat16
+                target_meta = lm_meta(src, tspec, prefill_lengths, slots=getattr(o, "slots", None))
             files[LM_META] = write_file(os.path.join(d, LM_META), json.dumps(target_meta, indent=1).encode())
             if src.tokenizer_json is not None:
                 files["tokenizer.json"] = write_file(os.path.join(d, "tokenizer.json"), src.tokenizer_json.encode())
@@ -246,8 +258,27 @@ def _lm_narrowing_said():
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
-def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
-    """One Program with ``prefill_<L>`` and ``decode`` sharing the weights; (program, CacheSpec)."""
+def _slots(resolved, opts) -> int | None:
+    """The one slot count the targets ask for (option ``slots``), or None; the capture is shared by every target,
+    so two different counts are refused."""
+    counts = {t.name: o.slots for t, o in zip(resolved, opts) if getattr(o, "slots", None) is not None}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"targets {', '.join(counts)} ask for different slots ({counts}); the model is captured "
+                         "once for every target: give them one slot count")
+    return next(iter(counts.values()), None)
+
+
+def _without(prog, names):
+    """``prog`` without the signatures ``names`` and ``decode_slots_<k>`` (the same weights, shared)."""
+    import dataclasses
+
+    return dataclasses.replace(prog, signatures={n: s for n, s in prog.signatures.items()
+                                                 if n not in names and not n.startswith("decode_slots_")})
+
+
+def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None, slots: int | None = None):
+    """One Program with ``prefill_<L>`` and ``decode`` sharing the weights (and with ``slots``, ``decode_slots``
+    and ``insert_slot``: converter/llm.py); (program, CacheSpec of the batch-1 caches)."""
     import torch
 
     from tpu_export.converter.llm import lm_requests, prepare_lm
@@ -268,12 +299,17 @@ def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None):
                   v_head_dim=v_width)
     # prefill without logits: both runtimes' loops (LiteRT-LM's, tpu_export.generate's) never read them
     return prepare_lm(src.model, prefill_lengths=prefill_lengths, cache_len=int(cache_len or DEFAULT_CACHE_LEN),
-                      prefill_logits=False)
+                      prefill_logits=False, slots=slots)
 
 
-def lm_meta(src: LmSource, spec, prefill_lengths) -> dict:
-    """The contents of lm.json: the cache's shapes, the prefill lengths, stop tokens, BOS, chat template."""
-    return {"format": 1, "prefill_lengths": sorted({int(n) for n in prefill_lengths}),
+def lm_meta(src: LmSource, spec, prefill_lengths, slots: int | None = None) -> dict:
+    """The contents of lm.json: the cache's shapes, the prefill lengths, stop tokens, BOS, chat template; the
+    cache protocol's version (1: prefill_<L> and decode; 2: also decode_slots and insert_slot over ``slots``
+    rows, converter/llm.py)."""
+    from tpu_export.converter.llm import CACHE_PROTOCOL
+
+    return {"format": 1, "cache_protocol": CACHE_PROTOCOL if slots else 1, **({"slots": int(slots)} if slots else {}),
+            "prefill_lengths": sorted({int(n) for n in prefill_lengths}),
             "cache": {"num_layers": spec.num_layers, "kv_heads": spec.kv_heads, "cache_len": spec.cache_len,
                       "head_dim": spec.head_dim, "v_head_dim": spec.v_width,
                       "dtype": str(spec.dtype).replace("torch.", ""), "bytes_per_token": spec.bytes_per_token,

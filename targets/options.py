@@ -72,6 +72,8 @@ _TYPES = {
     "partition_rules": (lambda v: True, ""),
     "aot": (lambda v: isinstance(v, bool), "True or False"),
     "aot_in_process": (_bool_or_none, "True (compile in this process), False (in a child process) or None (auto)"),
+    "slots": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024),
+              "an integer from 1 to 1024 (convert_lm: decode_slots over that many requests)"),
 }
 
 
@@ -127,7 +129,8 @@ class XlaOptions(_Options):
     """Options of a StableHLO target without a TPU chip (cuda, cpu-xla). ``use_pallas`` None: "auto" on TPU
     chips, False elsewhere; ``dtype`` None: float32; ``precision`` None: "highest" (a float32 matmul's or
     conv's passes on TPU: "highest" float32-exact, "high" bf16_3x, "default" one bf16 pass, the fastest compile
-    and run; tpu_backend.export_program)."""
+    and run; tpu_backend.export_program). ``slots`` (convert_lm only): B, adds the ``decode_slots`` and
+    ``insert_slot`` signatures (continuous batching of B requests, converter/llm.py); None: none."""
 
     use_pallas: Any = None
     dtype: str | None = None
@@ -135,6 +138,7 @@ class XlaOptions(_Options):
     quant_config: Any = None
     mesh: Any = None
     partition_rules: Any = None
+    slots: int | None = None
 
     def _check_values(self, target) -> None:
         self.export_kwargs(target)

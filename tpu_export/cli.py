@@ -190,6 +190,12 @@ def _kib(text: str, key: str) -> float:
     return value
 
 
+def _slots(text: str, key: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise CliError(f"{key} takes a number of requests from 1 to 1024, got {text!r}")
+    return int(text)
+
+
 def _choice(*choices):
     def parse(text: str, key: str) -> str:
         if text not in choices:
@@ -217,6 +223,7 @@ _OPTION = {
     "channel-last": (KEY_OPTION["channel-last"], _bool),
     "flash-kib": (KEY_OPTION["flash-kib"], _kib),
     "ram-kib": (KEY_OPTION["ram-kib"], _kib),
+    "slots": (KEY_OPTION["slots"], _slots),
 }
 assert list(_OPTION) == list(KEY_OPTION)
 # the keys that are also --KEY flags, given once for every target of the call

@@ -49,6 +49,7 @@ KEY_OPTION = {
     "channel-last": "channel_last_io",
     "flash-kib": "flash_kib",
     "ram-kib": "ram_kib",
+    "slots": "slots",
 }
 OPTION_KEY = {v: k for k, v in KEY_OPTION.items()}
 
@@ -149,6 +150,9 @@ def check_options(items, shared: dict, *, llm: bool = False) -> None:
         origin = {o: f for o, (f, _) in shared.items() if o in fields}
         mine.update(own)
         origin.update({o: f"--target {item}" for o in own})
+        if not llm and mine.get("slots") is not None:
+            raise _Refused(f"--target {item}: slots is for convert-lm (an LM's decode_slots); convert exports no KV "
+                           "cache: drop it")
         _check_quant(t, mine, origin, llm, len(resolved) > 1)
         from tpu_export.targets.options import options_for
 

@@ -87,7 +87,9 @@ def add_lm_commands(sub) -> None:
             "-o out",
             "# int8 weights on the phone, bfloat16 on the TPU",
             "tpu-export convert-lm my_llm_dir/ --target android:quantize=dynamic_int8 --target tpu-v6e:dtype=bfloat16 "
-            "-o out"))
+            "-o out",
+            "# + decode_slots over 32 requests: `tpu-export serve` batches them continuously",
+            "tpu-export convert-lm my_llm_dir/ --target tpu-v6e:slots=32 -o out"))
     lm.add_argument("model_dir", help="a local Hugging Face model directory: config.json, *.safetensors, "
                                       "tokenizer.json (nothing is downloaded; pickled weights are refused)")
     lm.add_argument("--target", action="append", required=True, metavar="NAME[:KEY=VALUE,...]",

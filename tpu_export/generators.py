@@ -189,6 +189,12 @@ def read_lm_json(folder: str) -> tuple[dict, "object"]:
     template = meta.get("chat_template")
     if template is not None and not isinstance(template, str):
         raise GeneratorError(f"{meta_path}: chat_template is a {type(template).__name__}, not text")
+    protocol = meta.get("cache_protocol", 1)  # lm.json files before it was written: the batch-1 signatures
+    if protocol not in (1, 2) or isinstance(protocol, bool):
+        raise GeneratorError(f"{meta_path}: cache_protocol is {protocol!r:.40}; this tpu-export runs 1 and 2: "
+                             "upgrade tpu-export or convert the model again")
+    if meta.get("slots") is not None:
+        _bounded_int(meta["slots"], "slots", meta_path, 1, 1024)
     kv_layers, states = _states(c, dims[0], meta_path)
     return meta, CacheSpec(*dims, getattr(torch, dtype), v_head_dim=v_width, kv_layers=kv_layers, states=states)
 

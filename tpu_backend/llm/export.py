@@ -84,6 +84,7 @@ def _bf16_caches(prog, spec):
     """The program with its cache inputs and outputs declared bfloat16 (same graphs, same weights): under
     dtype="bfloat16" the lowering computes in bf16 anyway, so the caches cross the boundary at that size."""
     names = set(spec.names())
+    names |= {f"new_{n}" for n in names}  # insert_slot's batch-1 caches (converter/llm.py)
 
     def bf16(specs):
         return [dataclasses.replace(s, dtype=torch.bfloat16) if s.name in names else s for s in specs]

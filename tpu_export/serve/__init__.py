@@ -5,8 +5,9 @@
     application = serve.app(["out/tpu-v6e"])        # the ASGI app, for any ASGI server
 
 The Open Inference Protocol (KServe v2 / Triton) for every artifact, the OpenAI completions and chat endpoints for
-an LM written by ``convert_lm``, dynamic batching, a bounded queue, deadlines and Prometheus metrics
-(docs/serve.md). Starlette, uvicorn and prometheus_client load when an app is made (the ``serve`` extra).
+an LM written by ``convert_lm``, dynamic batching (continuous batching for an LM converted with ``slots``), a
+bounded queue, deadlines and Prometheus metrics (docs/serve.md). Starlette, uvicorn and prometheus_client load
+when an app is made (the ``serve`` extra).
 
 The public names are this package's ``__all__``; its submodules are internal and may change between releases.
 """

@@ -27,7 +27,8 @@ class ServeConfig:
     """How the server batches, queues and guards its models.
 
     Attributes:
-        max_batch: The most rows one call of a dynamic-batch model runs (requests are gathered up to it).
+        max_batch: The most rows one call of a dynamic-batch model runs (requests are gathered up to it); for an
+            LM converted with slots, the most requests it decodes at once (1: one at a time).
         batch_timeout_ms: How long the first request of a batch waits for others to join it.
         max_queue: The most requests one model holds waiting to run; one more is answered 503 with Retry-After.
         api_key: When set, every endpoint but the health probes needs ``Authorization: Bearer KEY`` (or

@@ -13,6 +13,7 @@ import time
 from ._batcher import Batcher, Job, QueueFull
 from ._config import ServeConfig
 from ._models import Aborted, RequestError
+from ._slots import SlotScheduler
 
 __all__ = ["HttpError", "Server", "build_app"]
 
@@ -47,8 +48,10 @@ class Server:
         self.models, self.config, self.metrics = models, config, metrics
         self.ready = False
         self.batchers = {
-            name: Batcher(name, m.run, max_rows=m.max_rows, timeout_s=config.batch_timeout_ms / 1e3,
-                          max_queue=config.max_queue, metrics=metrics)
+            name: SlotScheduler(name, m, max_queue=config.max_queue, metrics=metrics)
+            if getattr(m, "engine", None) is not None else
+            Batcher(name, m.run, max_rows=m.max_rows, timeout_s=config.batch_timeout_ms / 1e3,
+                    max_queue=config.max_queue, metrics=metrics)
             for name, m in models.items()}
 
     def model(self, name: str, kind: str | None = None):

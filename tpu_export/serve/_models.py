@@ -306,13 +306,68 @@ class GenResult:
     tokens_per_s: float | None
 
 
+class TokenText:
+    """A generation's new tokens as text: each token decoded with those before it (a byte-level token can end
+    inside a UTF-8 character), cut at a stop string (``StopMatcher``), each new piece passed to ``req.emit``."""
+
+    def __init__(self, gen, req: GenRequest, stop_ids):
+        self.gen, self.req, self.stop_ids = gen, req, stop_ids
+        self.matcher = StopMatcher(req.stop)
+        self.pieces: list = []
+        self.ids: list = []
+        self.fed = 0
+        self.count = 0
+        self.finish = "length"
+        self.cut = False  # a stop string ended the text
+
+    def _send(self, text: str) -> bool:
+        out, hit = self.matcher.feed(text)
+        if out:
+            self.pieces.append(out)
+            if self.req.emit is not None:
+                self.req.emit(out)
+        return hit
+
+    def push(self, t: int) -> bool:
+        """Take one new token; True when the generation must stop (a stop token or string)."""
+        self.count += 1
+        if t in self.stop_ids:
+            self.finish = "stop"
+            return True
+        self.ids.append(t)
+        text = self.gen.tokenizer.decode(self.ids, skip_special_tokens=False)
+        if text.endswith("\ufffd"):  # a byte-level token ending inside a UTF-8 character: wait for the rest
+            return False
+        if len(text) > self.fed:
+            grown, self.fed = text[self.fed:], len(text)
+            if self._send(grown):
+                self.finish, self.cut = "stop", True
+                return True
+        return False
+
+    def close(self) -> str:
+        """The whole text (what is held back for a stop string that did not come is sent now)."""
+        if not self.cut:
+            text = self.gen.tokenizer.decode(self.ids, skip_special_tokens=False)
+            if len(text) > self.fed and self._send(text[self.fed:]):
+                self.finish, self.cut = "stop", True
+                return "".join(self.pieces)
+            rest = self.matcher.flush()
+            if rest:
+                self.pieces.append(rest)
+                if self.req.emit is not None:
+                    self.req.emit(rest)
+        return "".join(self.pieces)
+
+
 class LMModel:
-    """An LM that ``convert_lm`` wrote for a TPU/XLA target, run by the generation loop on PJRT, one request at a
-    time. Text in, text out: the OpenAI endpoints, and the Open Inference Protocol with a BYTES ``text_input``."""
+    """An LM that ``convert_lm`` wrote for a TPU/XLA target, run by the generation loop on PJRT: one request at a
+    time, or, converted with ``slots=B``, up to B at once with continuous batching (serve/_slots.py). Text in,
+    text out: the OpenAI endpoints, and the Open Inference Protocol with a BYTES ``text_input``."""
 
     kind = "lm"
 
-    def __init__(self, name: str, path: str, gen, metrics=None):
+    def __init__(self, name: str, path: str, gen, metrics=None, max_batch: int = 32):
         self.name, self.path, self.gen, self._metrics = name, path, gen, metrics
         self.platform = getattr(getattr(gen.runtime, "program", None), "platform", None) or "xla"
         self.cache_len = int(gen.spec.cache_len)
@@ -320,6 +375,13 @@ class LMModel:
         self.chat_template = gen.meta.get("chat_template")
         self.max_rows = 1
         self.batched = False
+        self.slots, self.engine = 0, None
+        slots = gen.meta.get("slots")
+        if slots and max_batch >= 2 and "decode_slots" in getattr(gen.runtime, "signature_names", ()):
+            from ._slots import SlotEngine
+
+            self.engine = SlotEngine(gen.runtime, gen.spec, int(slots), name=path, rows=max_batch)
+            self.slots = self.max_rows = len(self.engine.free)
 
     def metadata(self) -> dict:
         return {"name": self.name, "versions": ["1"], "platform": f"tpu-export-lm_{self.platform}",
@@ -371,72 +433,63 @@ class LMModel:
         from tpu_export.generate import generate_ids
 
         req: GenRequest = job.payload
-        gen, stops = self.gen, self.stop_ids
-        matcher = StopMatcher(req.stop)
-        pieces, fed, ids, finish = [], [0], [], ["length"]
-
-        def send(text: str) -> None:
-            out, hit = matcher.feed(text)
-            if out:
-                pieces.append(out)
-                if req.emit is not None:
-                    req.emit(out)
-            if hit:
-                raise _StopText
+        stream = TokenText(self.gen, req, self.stop_ids)
 
         def on_token(t: int) -> None:
             if job.cancel.is_set():
                 raise Aborted("disconnect")
             if time.monotonic() > job.deadline:
                 raise Aborted("deadline")
-            if t in stops:
-                finish[0] = "stop"
-                return
-            ids.append(t)
-            text = gen.tokenizer.decode(ids, skip_special_tokens=False)
-            if text.endswith("\ufffd"):  # a byte-level token ending inside a UTF-8 character: wait for the rest
-                return
-            if len(text) > fed[0]:
-                grown, fed[0] = text[fed[0]:], len(text)
-                send(grown)
+            if stream.push(t) and stream.cut:
+                raise _StopText
 
         t0 = time.perf_counter()
-        count = [0]
-
-        def counted(t):
-            count[0] += 1
-            on_token(t)
-
         try:
-            generate_ids(gen.runtime, gen.spec, req.ids, req.max_tokens, sampling=req.sampling, eos_token_id=stops,
-                         on_token=counted)
-            text = gen.tokenizer.decode(ids, skip_special_tokens=False)
-            if len(text) > fed[0]:
-                send(text[fed[0]:])
-            rest = matcher.flush()
-            if rest:
-                pieces.append(rest)
-                if req.emit is not None:
-                    req.emit(rest)
+            generate_ids(self.gen.runtime, self.gen.spec, req.ids, req.max_tokens, sampling=req.sampling,
+                         eos_token_id=self.stop_ids, on_token=on_token)
         except _StopText:
-            finish[0] = "stop"
+            pass
         except Aborted as e:  # counted by the handler that gave up on it
             return e
-        dt = time.perf_counter() - t0
-        tps = count[0] / dt if dt > 0 and count[0] else None
+        return self._result(req, stream, time.perf_counter() - t0)
+
+    def _result(self, req: GenRequest, stream: TokenText, dt: float) -> GenResult:
+        text = stream.close()
+        tps = stream.count / dt if dt > 0 and stream.count else None
         if self._metrics is not None:
             self._metrics.prompt_tokens.labels(self.name).inc(len(req.ids))
-            self._metrics.generated_tokens.labels(self.name).inc(count[0])
+            self._metrics.generated_tokens.labels(self.name).inc(stream.count)
             if tps:
                 self._metrics.tokens_per_s.labels(self.name).set(tps)
-        return GenResult("".join(pieces), len(req.ids), count[0], finish[0], tps)
+        return GenResult(text, len(req.ids), stream.count, stream.finish, tps)
+
+    # continuous batching (serve/_slots.py's SlotScheduler calls these on the engine's thread)
+
+    def start_seq(self, job: Job):
+        """A job's SlotSeq for the slot engine, and its text stream."""
+        from tpu_export.generate import Sampling
+
+        from ._slots import SlotSeq
+
+        req: GenRequest = job.payload
+        stream = TokenText(self.gen, req, self.stop_ids)
+        seq = SlotSeq(list(req.ids), req.max_tokens, (req.sampling or Sampling()).picker(),
+                      frozenset(self.stop_ids), stream.push)
+        seq.started_s = time.perf_counter()
+        return seq, stream
+
+    def finish_seq(self, seq, stream: TokenText) -> GenResult:
+        return self._result(stream.req, stream, time.perf_counter() - seq.started_s)
 
     def warm_up(self) -> None:
-        """Run each prefill signature and decode once (PJRT compiles a signature on its first call)."""
+        """Run each prefill signature and decode once (PJRT compiles a signature on its first call); with slots,
+        insert_slot and decode_slots too."""
         from tpu_export.generate import prefill_lengths
 
         for n in prefill_lengths(self.gen.runtime):
             self.gen._warm_up(n + 1)
+        if self.engine is not None:
+            self.engine.warm_up()
 
 
 # ---------------------------------------------------------------------------------------------------- loading
@@ -497,7 +550,7 @@ def load_models(artifacts, config: ServeConfig, metrics=None) -> dict:
             if os.path.isfile(os.path.join(os.path.dirname(os.path.abspath(target)), "lm.json")):
                 from tpu_export.generators import LoopGenerator
 
-                models[name] = LMModel(name, path, LoopGenerator.from_artifact(target), metrics)
+                models[name] = LMModel(name, path, LoopGenerator.from_artifact(target), metrics, config.max_batch)
             else:
                 models[name] = TensorModel(name, path, tpu_backend.load(target), config)
         except ServeError:
