@@ -327,6 +327,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     report(rows)
+    record(rows, a.skip_peer)
 
 
 def report(rows):
@@ -343,6 +344,42 @@ def report(rows):
         print(f"{r['model']:16s} {o['convert_s']:15.1f} {s['convert_s']:13.1f} {o['cpu_ms']:10.2f} "
               f"{s['cpu_ms']:10.2f} {r['dyn_over_static_cpu']:10.3f} {o['latency_ms']:8.2f} {s['latency_ms']:9.2f} "
               f"{r['dyn_over_static']:8.3f} {o['rel_err']:8.1e}  {peer}")
+
+
+def record(rows, skip_peer: bool) -> None:
+    """Append this run to bench/results/edge_dynamic.json: a run with the peer to the "peer" set, else "quiet"."""
+    from bench.render_pages import append_run
+
+    table, ratios = [], []
+    for r in rows:
+        o, s, p = r["ours"], r["static"], r["peer"]
+        row = {"model": r["model"]}
+        if "error" in o or "error" in s:
+            row["ours_error"] = f"ours: {o.get('error', 'ok')}; static: {s.get('error', 'ok')}"[:200]
+        else:
+            row.update(dyn_convert_s=o["convert_s"], static_convert_s=s["convert_s"], dyn_cpu_ms=o["cpu_ms"],
+                       static_cpu_ms=s["cpu_ms"], dyn_over_static_cpu=r["dyn_over_static_cpu"],
+                       dyn_over_static_wall=r["dyn_over_static"], rel_err=o["rel_err"])
+            ratios.append(r["dyn_over_static_cpu"])
+        if not skip_peer:
+            row["peer"] = (f"converts in {p['convert_s']:.1f} s, inputs {p['shape_signature']}, at the fixed size: "
+                           f"{p['at_fixed_size']}" if "error" not in p else p["error"])[:200]
+        table.append(row)
+    columns = [{"key": "model", "label": "model"},
+               {"key": "dyn_convert_s", "label": "ours, dynamic dims: convert s", "fmt": ".1f"},
+               {"key": "static_convert_s", "label": "ours static: convert s", "fmt": ".1f"},
+               {"key": "dyn_cpu_ms", "label": "dyn ms (CPU)", "fmt": ".2f"},
+               {"key": "static_cpu_ms", "label": "static ms (CPU)", "fmt": ".2f"},
+               {"key": "dyn_over_static_cpu", "label": "dyn / static (CPU)", "fmt": ".3f"},
+               {"key": "dyn_over_static_wall", "label": "dyn / static (wall)", "fmt": ".3f"},
+               {"key": "rel_err", "label": "rel err vs torch", "fmt": ".1e"},
+               {"key": "ours_error", "label": "ours failed"}]
+    if not skip_peer:
+        columns.append({"key": "peer", "label": "litert-torch 0.10.0 with the same dynamic dims"})
+    headline = (f"dynamic / static latency (CPU) {min(ratios):.3f}-{max(ratios):.3f}x; "
+                f"{sum(x <= 1.05 for x in ratios)} of {len(rows)} models within 1.05x" if ratios
+                else "no model converted on both sides")
+    append_run("edge_dynamic", columns, table, headline, set_name="quiet" if skip_peer else "peer")
 
 
 if __name__ == "__main__":

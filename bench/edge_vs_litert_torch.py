@@ -196,6 +196,7 @@ def main():
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     report(rows)
+    record(rows, size, bool(a.models))
 
 
 def report(rows):
@@ -233,6 +234,50 @@ def report(rows):
         print(f"peak RSS: max ratio {max(rss):.2f} (goal <= 0.7)")
         print(f"latency: median ratio {st.median(lat):.2f} (goal <= 1.00), max {max(lat):.2f} (goal <= 1.10)")
         print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")
+
+
+COLUMNS = [("model", "model", None), ("export_s", "export s", ".2f"), ("ours_s", "ours s", ".2f"),
+           ("peer_s", "peer s", ".2f"), ("x_faster", "x faster", ".2f"), ("x_bound", "x bound", ".2f"),
+           ("rss_ours_mb", "RSS ours MB", ".0f"), ("rss_peer_mb", "RSS peer MB", ".0f"),
+           ("rss_ratio", "RSS ratio", ".2f"),
+           ("lat_ours_ms", "latency ours ms", ".3f"), ("lat_peer_ms", "latency peer ms", ".3f"),
+           ("lat_ratio", "latency ratio", ".2f"), ("size_ratio", "size ratio", ".3f"),
+           ("err_ours", "rel err ours", ".1e"), ("err_peer", "rel err peer", ".1e")]
+
+
+def headline(table: list[dict]) -> str:
+    import statistics as st
+
+    co, cp = sum(r["ours_s"] for r in table), sum(r["peer_s"] for r in table)
+    return (f"conversion {cp / co:.2f}x faster summed (min {min(r['x_faster'] for r in table):.2f}x); "
+            f"peak RSS ratio max {max(r['rss_ratio'] for r in table):.2f}; latency ratio median "
+            f"{st.median(r['lat_ratio'] for r in table):.2f}; size ratio max {max(r['size_ratio'] for r in table):.3f}")
+
+
+def record(rows, size: str, subset: bool) -> None:
+    """Append this run to bench/results/edge_vs_litert_torch.json (a model that failed on either side is a note)."""
+    from bench.render_pages import append_run
+
+    table, failed = [], []
+    for r in rows:
+        o, p, ex = r.get("ours", {}), r.get("peer", {}), r.get("export", {})
+        if "error" in o or "error" in p:
+            failed.append(f"{r['model']}: ours {o.get('error', 'ok')}; peer {p.get('error', 'ok')}")
+            continue
+        table.append({"model": r["model"], "export_s": ex.get("convert_s"), "ours_s": o["convert_s"],
+                      "peer_s": p["convert_s"], "x_faster": p["convert_s"] / o["convert_s"],
+                      "x_bound": p["convert_s"] / ex["convert_s"] if ex.get("convert_s") else None,
+                      "rss_ours_mb": o["peak_rss_mb"], "rss_peer_mb": p["peak_rss_mb"],
+                      "rss_ratio": o["peak_rss_mb"] / p["peak_rss_mb"], "lat_ours_ms": o["latency_ms"],
+                      "lat_peer_ms": p["latency_ms"], "lat_ratio": o["latency_ms"] / p["latency_ms"],
+                      "size_ratio": o["size"] / p["size"], "err_ours": o["rel_err"], "err_peer": p["rel_err"]})
+    if not table:
+        return
+    columns = [{"key": k, "label": label, **({"fmt": f} if f else {})} for k, label, f in COLUMNS]
+    # a run of chosen models is a set of its own, so that it does not replace the table of the default set
+    set_name = "tiny" if size == "tiny" else ("swin" if subset and all("swin" in r["model"] for r in table)
+                                              else "real")
+    append_run("edge_vs_litert_torch", columns, table, headline(table), set_name=set_name, notes=failed or None)
 
 
 if __name__ == "__main__":

@@ -317,6 +317,36 @@ def main():
         print(f"{r['model']:10s} {r['mode']:7s} {r['weights_gb']:10.2f} {r['convert_s']:9.1f} {r['peak_rss_gb']:11.2f} "
               f"{r['x_weights']:9.2f} {r['size_gb']:10.3f}"
               + (f"  rel err {r['rel_err']:.1e}" if "rel_err" in r else ""))
+    record(rows, a.modes.split(","))
+
+
+def record(rows, modes) -> None:
+    """Append this run to bench/results/large.json; the set follows the modes run."""
+    from bench.render_pages import append_run
+
+    if not rows:
+        return
+    columns = [{"key": "model", "label": "model"}, {"key": "mode", "label": "mode"},
+               {"key": "weights_gb", "label": "weights GiB", "fmt": ".2f"},
+               {"key": "convert_s", "label": "convert s", "fmt": ".1f"},
+               {"key": "peak_rss_gb", "label": "peak RSS GiB", "fmt": ".2f"},
+               {"key": "x_weights", "label": "x weights", "fmt": ".2f"},
+               {"key": "size_gb", "label": "output GiB", "fmt": ".2f"},
+               {"key": "rel_err", "label": "rel err vs transformers", "fmt": ".1e"}]
+    table = [{c["key"]: r.get(c["key"]) for c in columns} for r in rows]
+    xs = [r["x_weights"] for r in rows]
+    headline = f"peak RSS {min(xs):.2f}-{max(xs):.2f}x the weights"
+    ours = [r["convert_s"] for r in rows if r["mode"] == "stream"]
+    peer = [r["convert_s"] for r in rows if r["mode"] == "peer"]
+    if ours and peer:
+        headline += f"; streamed conversion {sum(ours) / sum(peer):.2f}x the peer's time (summed)"
+    if all(m.startswith("tpu") for m in modes):
+        set_name = "tpu"
+    elif all(m.startswith("loader_int") for m in modes):
+        set_name = "int_3b"
+    else:
+        set_name = "modes"
+    append_run("large", columns, table, headline, set_name=set_name)
 
 
 if __name__ == "__main__":

@@ -139,6 +139,7 @@ def main():
                     help="skip transformers' reply (it loads the model in float32: 12 GB for the 3B)")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
+    rows = []
     for name in a.models.split(","):
         subprocess.run([sys.executable, os.path.abspath(__file__), "--step", "prepare", name, a.work], check=True)
         folder = os.path.join(a.work, name)
@@ -153,6 +154,37 @@ def main():
                 row.update(_run("reference", folder))
                 row["same_text"] = row.get("engine_text") == row.get("transformers_text")
         print(json.dumps(row, indent=1), flush=True)
+        rows.append(row)
+    record(rows)
+
+
+def record(rows) -> None:
+    """Append this run to bench/results/large_lm.json; a failed step is a cell naming its error."""
+    from bench.render_pages import append_run
+
+    keys = [("model", "model", None), ("quant", "quant", None), ("weights_gb", "weights GiB", ".2f"),
+            ("convert_s", "convert s", ".1f"), ("convert_peak_rss_gb", "convert peak RSS GiB", ".2f"),
+            ("x_weights", "x weights", ".2f"), ("litertlm_gb", ".litertlm GiB", ".2f"),
+            ("large_form", ".tflite large form", None), ("engine_load_s", "engine load s", ".1f"),
+            ("prefill_s", "prefill s", ".2f"), ("decode_s", "8 decode steps s", ".2f"),
+            ("engine_peak_rss_gb", "engine peak RSS GiB", ".2f"), ("same_text", "engine text = transformers'", None),
+            ("error", "failed", None)]
+    table, xs = [], []
+    for r in rows:
+        row = {k: r.get(k) for k, _, _ in keys if k in r}
+        if r.get("convert_peak_rss_gb") and r.get("weights_gb"):
+            row["x_weights"] = r["convert_peak_rss_gb"] / r["weights_gb"]
+            xs.append(row["x_weights"])
+        for k in ("large_form", "same_text"):
+            if k in row:
+                row[k] = "yes" if row[k] else "no"
+        errors = [f"{k}: {v}" for k, v in r.items() if k.endswith("_error")]
+        if errors:
+            row["error"] = "; ".join(errors)
+        table.append(row)
+    columns = [{"key": k, "label": label, **({"fmt": fmt} if fmt else {})} for k, label, fmt in keys]
+    headline = (f"convert peak RSS {min(xs):.2f}-{max(xs):.2f}x the weights" if xs else "no conversion finished")
+    append_run("large_lm", columns, table, headline)
 
 
 if __name__ == "__main__":

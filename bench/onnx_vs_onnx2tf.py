@@ -260,6 +260,7 @@ def main():
             print(json.dumps(row), file=sys.stderr, flush=True)
     for peer in impls[1:]:
         report(rows, a.exporter, peer)
+        record(rows, a.exporter, peer)
     print(f"\nfloor: import torch + torch.export in a fresh interpreter, {torch_import_floor_cpu_s():.2f} CPU s "
           f"(part of each of ours)")
 
@@ -319,6 +320,46 @@ def report(rows, exporter, peer):
         print(f"latency: max ratio {max(lat):.2f}, median {statistics.median(lat):.2f} (goal <= 0.90)")
         print(f"TRANSPOSE: {sum(t > 0 for t in tr)} models with more than onnx2tf (goal 0)")
         print(f"size: max ratio {max(size):.3f} (goal <= 1.01)")
+
+
+def record(rows, exporter, peer) -> None:
+    """Append this run against one peer to bench/results/onnx_vs_onnx2tf.json; a side that failed is a cell."""
+    from bench.render_pages import append_run
+
+    table, cpu, lat = [], [], []
+    for r in rows:
+        o, p = r["ours"], r.get(peer, {"error": "not run"})
+        if "error" in o:
+            table.append({"model": r["model"], "note": f"ours: {o['error'].splitlines()[0]}"[:160]})
+            continue
+        row = {"model": r["model"], "cpu_s": [o.get("convert_cpu_s"), p.get("convert_cpu_s")],
+               "wall_s": [o["convert_s"], p.get("convert_s")], "peak_mb": [o["peak_rss_mb"], p.get("peak_rss_mb")],
+               "transposes": [o["transposes"], p.get("transposes")], "err": [o["rel_err"], p.get("rel_err")]}
+        if "error" in p:
+            row["note"] = f"onnx2tf: {p['error'].splitlines()[0]}"[:160]
+        else:
+            row.update(x_less_cpu=p["convert_cpu_s"] / o["convert_cpu_s"],
+                       lat_ratio=p.get("cpu_ratio_fresh", o["latency_ms"] / p["latency_ms"]),
+                       size_ratio=o["size"] / p["size"])
+            cpu.append(row["x_less_cpu"])
+            lat.append(row["lat_ratio"])
+        table.append(row)
+    columns = [{"key": "model", "label": "model"},
+               {"key": "cpu_s", "label": "convert CPU s ours / onnx2tf", "fmt": ".2f"},
+               {"key": "x_less_cpu", "label": "x less CPU", "fmt": ".2f"},
+               {"key": "wall_s", "label": "wall s ours / onnx2tf", "fmt": ".2f"},
+               {"key": "peak_mb", "label": "peak MB ours / onnx2tf", "fmt": ".0f"},
+               {"key": "lat_ratio", "label": "latency ratio", "fmt": ".2f"},
+               {"key": "size_ratio", "label": "size ratio", "fmt": ".3f"},
+               {"key": "transposes", "label": "transposes ours / onnx2tf"},
+               {"key": "err", "label": "rel err ours / onnx2tf", "fmt": ".1e"},
+               {"key": "note", "label": "failed"}]
+    runs = sum("note" not in row for row in table)
+    headline = (f"conversion CPU ours / onnx2tf: max {max(cpu):.2f}x less, median {statistics.median(cpu):.2f}x; "
+                f"latency ratio median {statistics.median(lat):.2f}; " if cpu else "") + \
+        f"{len(table) - runs} of {len(table)} models fail on one side"
+    set_name = "tf" if peer == "peer-tf" else ("dynamo" if exporter == "dynamo18" else "direct")
+    append_run("onnx_vs_onnx2tf", columns, table, headline, set_name=set_name)
 
 
 if __name__ == "__main__":

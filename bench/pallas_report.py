@@ -204,7 +204,29 @@ def main(argv=None):
         print(f"| {gen} | {seq} | {scope} | {rb:.1f}x | {rs:.1f}x | {_fmt_bytes(tx)} -> {_fmt_bytes(tk)} | {goal} |")
     print()
     print("goals at the longest sequence:", "all met" if all_met else "NOT all met")
+    record(verdicts, max(a.seq))
     return 0 if all_met else 1
+
+
+def record(verdicts, longest: int) -> None:
+    """Append this run's ratio table to bench/results/pallas.json."""
+    from render_pages import append_run  # bench/ is this script's sys.path[0]
+
+    columns = [{"key": "gen", "label": "gen"}, {"key": "seq", "label": "seq"}, {"key": "scope", "label": "scope"},
+               {"key": "bytes_ratio", "label": "HBM bytes xla/pallas", "fmt": ".1f", "suffix": "x"},
+               {"key": "seconds_ratio", "label": "optimal_seconds xla/pallas", "fmt": ".1f", "suffix": "x"},
+               {"key": "temp_xla_bytes", "label": "temp bytes xla", "fmt": ",.0f"},
+               {"key": "temp_pallas_bytes", "label": "temp bytes pallas", "fmt": ",.0f"},
+               {"key": "blocks", "label": "blocks q/kv"}]
+    rows = [{"gen": gen, "seq": seq, "scope": scope, "bytes_ratio": rb, "seconds_ratio": rs, "temp_xla_bytes": tx,
+             "temp_pallas_bytes": tk, "blocks": [blocks["block_q"], blocks["block_kv"]]}
+            for gen, seq, scope, rb, rs, tx, tk, blocks, _ in verdicts]
+    top = [r for r in rows if r["scope"] == "attention" and r["seq"] == longest]
+    b = [r["bytes_ratio"] for r in top]
+    t = [r["seconds_ratio"] for r in top]
+    headline = (f"attention at {longest} tokens: {min(b):.1f}-{max(b):.1f}x fewer HBM bytes, "
+                f"{min(t):.1f}-{max(t):.1f}x less optimal time with the kernels")
+    append_run("pallas", columns, rows, headline)
 
 
 if __name__ == "__main__":

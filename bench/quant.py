@@ -291,6 +291,44 @@ def main():
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
     print(report(results, list(impls)))
+    record(results, list(impls))
+
+
+def record(results: dict, impls) -> None:
+    """Append this run to bench/results/quant.json: the figures of report()'s table, a scheme a side did not make
+    as n/a with its error in the notes."""
+    from bench.render_pages import append_run
+
+    figures = [("size", "size KB", ".1f"), ("ratio", "x float", ".3f"), ("latency_ms", "lat ms", ".3f"),
+               ("top1", "top-1", ".3f"), ("rel_err", "rel err", ".2e")]
+    columns = [{"key": "model", "label": "model"}, {"key": "scheme", "label": "scheme"}]
+    columns += [{"key": f"{key}_{i}", "label": f"{label} {i}", "fmt": fmt}
+                for key, label, fmt in figures for i in impls]
+    table, errors, sizes = [], [], []
+    for name, row in results.items():
+        floats = {i: row["float"].get(i, {}).get("size") for i in impls}
+        for scheme in SCHEMES:
+            out = {"model": name, "scheme": scheme}
+            for i in impls:
+                info = row[scheme].get(i) or {}
+                if "error" in info:
+                    errors.append(f"{name} {scheme} {i}: {info['error']}")
+                for key, _, _ in figures:
+                    if key == "size":
+                        v = info["size"] / 1024 if "size" in info else None
+                    elif key == "ratio":
+                        v = info["size"] / floats[i] if "size" in info and floats[i] else None
+                    else:
+                        v = info.get(key)
+                    out[f"{key}_{i}"] = "n/a" if "error" in info else v
+            if scheme != "float" and isinstance(out.get("ratio_ours"), float):
+                sizes.append((scheme, out["ratio_ours"]))
+            table.append(out)
+    int8 = [r for s, r in sizes if "int8" in s]
+    fp16 = [r for s, r in sizes if s == "fp16"]
+    headline = "; ".join(f"{what} files {min(v):.3f}-{max(v):.3f}x of the float file (ours)"
+                         for what, v in (("int8", int8), ("fp16", fp16)) if v) or "no quantized file made"
+    append_run("quant", columns, table, headline, notes=[f"not made: {e}" for e in errors] or None)
 
 
 if __name__ == "__main__":

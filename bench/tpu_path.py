@@ -61,9 +61,47 @@ def main():
     gens = [g for g in a.generations.split(",") if g]
     models = (a.models or ",".join(ZOO_MODELS if a.zoo else DEFAULT_MODELS)).split(",")
     warm_up(gens)
+    rows = []
     for name in models:
         r = measure(name, a, gens)
         print_row(r, gens)
+        rows.append(r)
+    record(rows, gens, "zoo" if a.zoo else "real")
+
+
+def record(rows, gens, set_name) -> None:
+    """Append this run to bench/results/tpu_path.json (print_row's figures, one column per generation)."""
+    import statistics as st
+
+    from bench.render_pages import append_run
+
+    columns = [{"key": "model", "label": "model"}]
+    table = []
+    for g in gens:
+        columns += [{"key": f"{g}_compile_s", "label": f"{g} compile s", "fmt": ".1f"},
+                    {"key": f"{g}_opt_us", "label": f"{g} XLA step us", "fmt": ".1f"},
+                    {"key": f"{g}_roofline_us", "label": f"{g} roofline us", "fmt": ".1f"}]
+    columns += [{"key": "xla_ms", "label": "XLA:CPU ms", "fmt": ".1f"}, {"key": "eager_ms", "label": "eager ms",
+                                                                        "fmt": ".1f"},
+                {"key": "ratio", "label": "ratio", "fmt": ".2f", "suffix": "x"},
+                {"key": "rel_err", "label": "rel err", "fmt": ".1e"},
+                {"key": "size_mib", "label": "artifact MiB", "fmt": ".1f"}]
+    for r in rows:
+        row = {"model": r["model"]}
+        for g in gens:
+            s = r["ours"][g]
+            opt = s["cost"]["optimal_seconds"]["value"]
+            roof = s["roofline"]["least_bytes"].get("seconds")
+            row.update({f"{g}_compile_s": s["compile_seconds"], f"{g}_opt_us": "unknown" if opt is None else opt * 1e6,
+                        f"{g}_roofline_us": roof * 1e6 if isinstance(roof, float) else "unknown"})
+        if "xla_ms" in r:
+            row.update(xla_ms=r["xla_ms"], eager_ms=r["eager_ms"], ratio=r["xla_ms"] / r["eager_ms"],
+                       rel_err=r["rel_err"], size_mib=r["size"] / 2**20)
+        table.append(row)
+    ratios = [row["ratio"] for row in table if "ratio" in row]
+    headline = (f"XLA:CPU / eager median {st.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)" if ratios
+                else "compile only (--no-cpu)")
+    append_run("tpu_path", columns, table, headline, set_name=set_name)
 
 
 def warm_up(gens):

@@ -68,6 +68,35 @@ def main():
                 f.write(json.dumps(r) + "\n")
             print(json.dumps(r), file=sys.stderr, flush=True)
     print_table(a.out)
+    if not a.table_only:
+        record(a.out)
+
+
+def record(path) -> None:
+    """Append the table print_table shows (the latest run of each model in the JSONL) to
+    bench/results/tpu_sweep.json."""
+    from bench.render_pages import append_run
+
+    latest = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                latest[r["model"]] = r
+    keys = [("model", "model", None, ""), ("params_m", "params M", ".2f", ""), ("export", "export", None, ""),
+            ("bf16_compile_s", "v6e compile s (bf16)", ".1f", ""), ("f32_compile_s", "f32 s", ".1f", ""),
+            ("direct_f32_compile_s", "libtpu direct f32 s", ".1f", ""), ("xla_ms", "XLA:CPU ms", ".1f", ""),
+            ("eager_ms", "eager ms", ".1f", ""), ("ratio", "ratio", ".2f", "x"), ("rel_err", "rel err", ".2e", ""),
+            ("failure", "failure", None, "")]
+    columns = [{"key": k, "label": label, **({"fmt": fmt} if fmt else {}), **({"suffix": sfx} if sfx else {})}
+               for k, label, fmt, sfx in keys]
+    rows = [{**{k: r.get(k) for k, *_ in keys}, "export": "ok" if r.get("export_ok") else "FAIL"}
+            for r in latest.values()]
+    ratios = sorted(r["ratio"] for r in rows if isinstance(r["ratio"], (int, float)))
+    ran = len(ratios)
+    headline = f"{ran} of {len(rows)} models export, compile and run" + (
+        f"; XLA:CPU / eager median {statistics.median(ratios):.2f}x" if ratios else "")
+    append_run("tpu_sweep", columns, rows, headline)
 
 
 def run_one(name, a) -> dict:
