@@ -33,6 +33,15 @@ def test_rows_cover_every_item():
     assert len(ROWS) >= 30 and {r.outcome for r in ROWS} == {WORKS, REFUSED}
 
 
+def test_the_readme_summary_is_current():
+    from tests.write_litert_torch_compat_doc import README, readme_with_block
+
+    with open(README, encoding="utf-8") as f:
+        readme = f.read()
+    assert readme == readme_with_block(readme), "README's drop-in summary is stale: run " \
+                                                "`python -m tests.write_litert_torch_compat_doc`"
+
+
 @pytest.mark.slow
 def test_the_page_is_current():
     with open(DOCS, encoding="utf-8") as f:

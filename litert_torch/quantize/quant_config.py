@@ -32,16 +32,18 @@ class QuantConfig:
             generative_recipe: Not supported (raises).
 
         Raises:
-            ValueError: Neither or both are given, or ``generative_recipe`` is given (use
-                ``litert_torch.convert(..., quant_config="dynamic_int8")`` or the other named schemes instead).
+            NotImplementedError: ``generative_recipe`` is given (pass ``quant_config=quant_recipes.full_*_recipe()``
+                or a scheme name such as ``"dynamic_int8"`` to ``litert_torch.convert`` instead).
+            ValueError: ``pt2e_quantizer`` is not given.
             TypeError: ``pt2e_quantizer`` is not a PT2EQuantizer.
         """
         from .pt2e_quantizer import PT2EQuantizer
 
         if generative_recipe is not None:
-            raise ValueError("QuantConfig(generative_recipe=...) is not supported by tpu-export; quantize with "
-                             "litert_torch.convert(..., quant_config='dynamic_int8') (or another scheme name), or "
-                             "with PT2E and QuantConfig(pt2e_quantizer=...)")
+            raise NotImplementedError(
+                "QuantConfig(generative_recipe=...) (litert-torch 0.10) is not provided: pass the recipe itself, "
+                "litert_torch.convert(..., quant_config=quant_recipes.full_dynamic_recipe()) (or a scheme name such "
+                "as 'dynamic_int8'), or quantize with PT2E and QuantConfig(pt2e_quantizer=...)")
         if pt2e_quantizer is None:
             raise ValueError("QuantConfig needs pt2e_quantizer: the PT2EQuantizer the module was prepared with")
         if not isinstance(pt2e_quantizer, PT2EQuantizer):
