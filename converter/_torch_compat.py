@@ -37,6 +37,7 @@ __all__ = [
     "core_aten_decompositions",
     "skip_graph_codegen",
     "preload_export_tracer",
+    "innermost_user_frames",
     # torch.export errors
     "is_export_user_error",
     "is_dynamo_error",
@@ -241,6 +242,60 @@ def skip_graph_codegen():
 def preload_export_tracer() -> None:
     """Import the module torch.export.export traces with."""
     import torch.export._trace  # noqa: F401
+
+
+@_private("torch.fx.experimental.proxy_tensor._ModuleStackTracer._filter_traceback_frames",
+          "non-strict torch.export keeps only the frames of functions named forward in a node's stack trace, so an "
+          "op called in a helper (timm's crossvit.scale_image, a model's forward_features) is reported at the "
+          "forward that calls the helper; the innermost frame outside torch is kept as well, the line that called "
+          "the op, which errors quote",
+          "none (torch.fx.traceback.annotate_fn keeps the frames of functions registered one at a time)")
+def innermost_user_frames():
+    """A context in which non-strict torch.export also records, in each node's stack trace, the innermost frame
+    outside torch and this package (after the first forward), besides the forward frames it records itself."""
+    try:
+        from torch.fx.experimental.proxy_tensor import _ModuleStackTracer
+    except ImportError:
+        return contextlib.nullcontext()
+    if not callable(getattr(_ModuleStackTracer, "_filter_traceback_frames", None)):
+        return contextlib.nullcontext()
+    return _keep_innermost_frame(_ModuleStackTracer)
+
+
+@contextlib.contextmanager
+def _keep_innermost_frame(cls):
+    import os
+    import traceback
+
+    import torch
+
+    # not the user's line: torch's own frames, and the converter's helpers a forward may call (nms_padded, ...)
+    skip = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (torch.__file__, __file__))
+    had = "_filter_traceback_frames" in cls.__dict__
+    own = cls.__dict__.get("_filter_traceback_frames")
+    base = cls._filter_traceback_frames
+
+    def filter_frames(self, summary):
+        kept = base(self, summary)
+        frames = list(summary)
+        first = next((i for i, f in enumerate(frames) if f.name == "forward"), None)
+        if first is None:
+            return kept
+        inner = [i for i in range(first, len(frames)) if not os.path.abspath(frames[i].filename).startswith(skip)]
+        if not inner or any(f is frames[inner[-1]] for f in kept):
+            return kept
+        pos = {id(f): i for i, f in enumerate(frames)}
+        merged = sorted([*kept, frames[inner[-1]]], key=lambda f: pos.get(id(f), -1))
+        return traceback.StackSummary.from_list(merged)
+
+    cls._filter_traceback_frames = filter_frames
+    try:
+        yield
+    finally:
+        if had:
+            cls._filter_traceback_frames = own
+        else:
+            del cls._filter_traceback_frames
 
 
 # --- torch.export errors ---------------------------------------------------------------------------

@@ -65,7 +65,7 @@ EDGE_NOTES: dict[str, str] = {
     "aten.slice.Tensor": "edge: SLICE (a step dividing its dim: RESHAPE, SLICE, RESHAPE), else STRIDED_SLICE; "
                          "a dynamic start/end: STRIDED_SLICE with run-time begin/end",
     "aten.arange.start_step": "edge: RANGE (a dynamic bound read at run time)",
-    "aten.constant_pad_nd.default": "edge: PAD / PADV2; non-negative pads",
+    "aten.constant_pad_nd.default": "edge: PAD / PADV2; a negative pad (a crop) on a static dim: SLICE first",
     "aten.elu.default": "edge: ELU; alpha = scale = input_scale = 1",
     "aten.roll.default": "edge: SLICE x2 + CONCATENATION per dim",
     "aten.avg_pool3d.default": "edge: two AVERAGE_POOL_2D (H,W then D) between RESHAPEs; no padding, no ceil_mode, "

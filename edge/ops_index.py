@@ -90,22 +90,58 @@ def index(lw, x, indices):
     indices = [_from_the_front(lw, ix, x.shape[d]) for d, ix in enumerate(indices)]
     if kind == "one":
         return _gather(lw, x, pos, indices[pos])
-    # several index tensors from dim 0: GATHER_ND over their broadcast coordinates
+    present = [d for d, ix in enumerate(indices) if ix is not None]
+    if kind == "grid":
+        return _grid_gathers(lw, x, present, [indices[d] for d in present])
+    return _gather_nd(lw, x, present, [indices[d] for d in present])
+
+
+def _gather_nd(lw, x, present, idxs):
+    """Index tensors on several dims: GATHER_ND over their broadcast coordinates, on x laid out with the indexed
+    dims first. torch puts the broadcast dims where the indexed dims were when those are adjacent, else first; the
+    result's layout says which, so nothing moves back."""
     shape = lw.out_shape
-    k = len(indices)
-    bshape = shape[: len(shape) - (x.rank - k)]
-    bdims = list(bshape) if None not in bshape else lw.out_dims[:len(bshape)]  # run-time sizes where dynamic
+    k = len(idxs)
+    nb = len(shape) - (x.rank - k)  # the broadcast index shape's rank
+    adjacent = present == list(range(present[0], present[0] + k))
+    at = present[0] if adjacent else 0  # where the broadcast dims are in the output
+    bshape = shape[at:at + nb]
+    bdims = list(bshape) if None not in bshape else lw.out_dims[at:at + nb]  # run-time sizes where dynamic
     cols = []
-    for ix in indices:
+    for ix in idxs:
         ix = lw.cast(ix, np.int32)
-        full = [1] * (len(bshape) - ix.rank) + lw.dims(ix) + [1]
+        full = [1] * (nb - ix.rank) + lw.dims(ix) + [1]
         v = lw.const(ix.const.reshape(full)) if ix.is_const else lw.reshape(lw.with_perm(ix, L.identity(ix.rank)), full)
         cols.append(lw.op("BROADCAST_TO", [lw.tensor(v), lw.shape_tensor(bdims + [1], infer=False)],
                           tuple(bshape) + (1,), np.int32, suffix="idx"))
     coords = lw.op("CONCATENATION", [lw.tensor(c) for c in cols], tuple(bshape) + (k,), np.int32,
-                   opts=lw.options("Concatenation", axis=len(bshape)), suffix="coords")
-    x = lw.with_perm(x, L.identity(x.rank))
-    return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype)
+                   opts=lw.options("Concatenation", axis=nb), suffix="coords")
+    rest = [d for d in range(x.rank) if d not in present]
+    x = lw.with_perm(x, present + rest)  # GATHER_ND reads the leading dims
+    # the output's physical dims: the broadcast ones, then the dims not indexed, in order
+    out_rest = [d for d in range(len(shape)) if not at <= d < at + nb]
+    perm = list(range(at, at + nb)) + out_rest
+    return lw.op("GATHER_ND", [lw.tensor(x), lw.tensor(coords)], shape, x.dtype, perm)
+
+
+def _grid_gathers(lw, x, present, idxs):
+    """Adjacent index tensors that each vary along their own dim of the broadcast shape, in order (an outer
+    product, as ``x[..., rows[:, None], cols]`` and the bicubic resize's decomposition index): one GATHER per
+    indexed dim, in x's own layout, instead of a GATHER_ND over every coordinate."""
+    k = len(idxs)
+    for j, (d, ix) in enumerate(zip(present, idxs)):
+        a = ix.rank - k + j  # the index's own dim that varies (none: it broadcasts, one entry)
+        n = ix.shape[a] if a >= 0 else 1
+        flat = lw.cast(ix, np.int32)
+        if flat.is_const:
+            flat = lw.const(flat.const.reshape(-1))
+        else:
+            flat = lw.reshape(plain(lw, flat), [lw.dims(ix)[a] if n is None else n])
+        shape = list(x.shape)
+        shape[d] = n
+        ins = [lw.tensor(x), lw.tensor(flat, (0,))]
+        x = lw.op("GATHER", ins, tuple(shape), x.dtype, x.perm, lw.options("Gather", axis=x.perm.index(d)))
+    return x
 
 
 def _from_the_front(lw, ix, n):
@@ -117,7 +153,14 @@ def _from_the_front(lw, ix, n):
     return lw.const(np.where(c < 0, c + n, c).astype(c.dtype)) if (c < 0).any() else ix
 
 
+def _index_shape(ix):
+    v = ix.meta["val"] if isinstance(ix, torch.fx.Node) else ix
+    return tuple(v.shape)
+
+
 def _index_form(indices):
+    """How index.Tensor's ``indices`` lower: ("one", dim) for one index tensor, ("grid", None) for adjacent ones
+    forming an outer product, ("many", None) for others; None for boolean masks (data-dependent shapes)."""
     present = [i for i, ix in enumerate(indices) if ix is not None]
     if not present:
         return None
@@ -127,9 +170,14 @@ def _index_form(indices):
             return None  # boolean masks give data-dependent shapes
     if len(present) == 1:
         return "one", present[0]
-    if present == list(range(len(present))):
-        return "many", 0
-    return None
+    k = len(present)
+    shapes = [_index_shape(indices[i]) for i in present]
+    adjacent = present == list(range(present[0], present[0] + k))
+    if adjacent and all(len(s) <= k for s in shapes) and all(
+            all(isinstance(d, int) and d == 1 for a, d in enumerate((1,) * (k - len(s)) + s) if a != j)
+            for j, s in enumerate(shapes)):
+        return "grid", None
+    return "many", None
 
 
 # gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) -> Tensor
@@ -139,7 +187,7 @@ def gather(lw, x, dim, index, sparse_grad=False):
     if not index.static:
         return _sym_gather(lw, x, dim, index)
     shape = tuple(index.shape)
-    grids = np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij")
+    grids = list(np.meshgrid(*[np.arange(s, dtype=np.int32) for s in shape], indexing="ij"))  # numpy 2: a tuple
     idx = lw.cast(index, np.int32)
     if idx.is_const:
         grids[dim] = idx.const

@@ -14,6 +14,7 @@ from tpu_export.converter.registry import arguments
 from ..converter import layout as L
 from .helpers import NHWC, binary
 from .ops_conv import SAME, VALID, pad_mode, spatial
+from .ops_nn import fully_connected
 from .ops_slice import pad_value
 from .registry import lowering, supported_if
 from .values import Val
@@ -36,6 +37,13 @@ def _pool(lw, op, x, ks, ss, mode, out):
     return lw.op(op, [lw.tensor(x, NHWC)], out, x.dtype, NHWC, opts, fusable=True)
 
 
+def _reachable(ks, sizes, ps):
+    """The window each static dim needs: a kernel longer than the padded input (EfficientNet's final
+    ``AvgPool2d(hidden_dim, ceil_mode=True)``, 2560 over a 19x19 map) reads no more than that input, torch
+    clipping its window there. Padding out to the full kernel wrote a [1, 2560, 2560, 2560] PAD."""
+    return [k if i is None else min(k, i + 2 * p) for k, i, p in zip(ks, sizes, ps)]
+
+
 def _indices_unused(n):
     return all(u.args[1] == 0 or not u.users for u in n.users)
 
@@ -53,6 +61,7 @@ def _maxpool_support(n):
 @supported_if(_maxpool_support)
 def max_pool2d(lw, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     ks, ss, ps = _pool_args(kernel_size, stride, padding)
+    ks = _reachable(ks, x.shape[2:], ps)
     out = lw.out_shape
     mode = pad_mode(spatial(x), ks, ss, ps, [1, 1], out[2:])
     if mode is None:
@@ -97,11 +106,12 @@ def _avgpool_support(n):
 def avg_pool2d(lw, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     ks, ss, ps = _pool_args(kernel_size, stride, padding)
+    reach = _reachable(ks, x.shape[2:], ps)
     out = lw.out_shape
-    mode = pad_mode(spatial(x), ks, ss, ps, [1, 1], out[2:])
+    mode = pad_mode(spatial(x), reach, ss, ps, [1, 1], out[2:])
     if divisor_override is None and (mode == VALID or (mode == SAME and not count_include_pad)):
-        return _pool(lw, "AVERAGE_POOL_2D", x, ks, ss, mode, out)
-    ends = [(o - 1) * s + k - (i + p) for o, s, k, i, p in zip(out[2:], ss, ks, x.shape[2:], ps)]
+        return _pool(lw, "AVERAGE_POOL_2D", x, reach, ss, mode, out)
+    ends = [(o - 1) * s + k - (i + p) for o, s, k, i, p in zip(out[2:], ss, reach, x.shape[2:], ps)]
     pads = [[0, 0], [0, 0]] + [[p, max(e, 0)] for p, e in zip(ps, ends)]
     if any(a or b for a, b in pads):
         shape = tuple(x.shape[:2]) + tuple(i + a + b for i, (a, b) in zip(x.shape[2:], pads[2:]))
@@ -109,14 +119,14 @@ def avg_pool2d(lw, x, kernel_size, stride=(), padding=0, ceil_mode=False, count_
         x = pad_value(lw, x, pads, 0.0, shape=shape, perm=NHWC)
     else:
         x0 = x
-    y = _pool(lw, "AVERAGE_POOL_2D", x, ks, ss, VALID, out)
-    # VALID divided every window by k*k; torch divides by the count it defines (or the override)
+    y = _pool(lw, "AVERAGE_POOL_2D", x, reach, ss, VALID, out)
+    # VALID divided every window by its k*k; torch divides by the count it defines (or the override)
     if divisor_override is not None:
-        factor = np.full((out[2], out[3]), ks[0] * ks[1] / divisor_override)
+        factor = np.full((out[2], out[3]), reach[0] * reach[1] / divisor_override)
     else:
         ch = _avg_counts(x0.shape[2], ks[0], ss[0], ps[0], out[2], count_include_pad)
         cw = _avg_counts(x0.shape[3], ks[1], ss[1], ps[1], out[3], count_include_pad)
-        factor = ks[0] * ks[1] / np.outer(ch, cw)
+        factor = reach[0] * reach[1] / np.outer(ch, cw)
     if np.allclose(factor, 1.0):
         return y
     return binary(lw, "MUL", y, lw.const(factor.astype(x.dtype)[None, None]), kind="Mul", shape=out)
@@ -129,7 +139,9 @@ def _adaptive_support(n):
         return False
     if not all(isinstance(d, int) for d in x.shape[2:]):
         return (oh, ow) == (1, 1)  # a global mean at any size
-    return (oh, ow) == (1, 1) or (x.shape[2] % oh == 0 and x.shape[3] % ow == 0)
+    if (oh, ow) == (1, 1) or (x.shape[2] % oh == 0 and x.shape[3] % ow == 0):
+        return True
+    return x.dtype.is_floating_point  # windows of uneven sizes: constant averaging matrices (below)
 
 
 # _adaptive_avg_pool2d(Tensor self, SymInt[2] output_size) -> Tensor
@@ -142,8 +154,32 @@ def adaptive_avg_pool2d(lw, x, output_size):
         x = lw.with_perm(x, NHWC)
         ins = [lw.tensor(x), lw.const_tensor([1, 2], np.int32)]
         return lw.op("MEAN", ins, out, x.dtype, NHWC, lw.options("Reducer", keepDims=True))
-    ks = [x.shape[2] // oh, x.shape[3] // ow]
-    return _pool(lw, "AVERAGE_POOL_2D", x, ks, ks, VALID, out)
+    if x.shape[2] % oh == 0 and x.shape[3] % ow == 0:
+        ks = [x.shape[2] // oh, x.shape[3] // ow]
+        return _pool(lw, "AVERAGE_POOL_2D", x, ks, ks, VALID, out)
+    # an output size that does not divide the input's (CSATv2's 7x7 of a 32x32 map): windows of uneven
+    # sizes, overlapping, no pooling builtin takes them. Averaging is linear and separable: a FULLY_CONNECTED
+    # with a constant [out, in] matrix of 1/window-size entries over W, then over H (the two dims swapped by
+    # relabeling the layout, as permute does), exact up to float summation order.
+    y = fully_connected(lw, x, lw.const(_averaging_matrix(x.shape[3], ow, x.dtype)), None)
+    y = fully_connected(lw, _swap_hw(y), lw.const(_averaging_matrix(x.shape[2], oh, x.dtype)), None)
+    return _swap_hw(y)
+
+
+def _averaging_matrix(n: int, m: int, dtype) -> np.ndarray:
+    """[m, n]: row i averages torch's adaptive window i, [floor(i*n/m), ceil((i+1)*n/m))."""
+    a = np.zeros((m, n), np.float64)
+    for i in range(m):
+        lo, hi = (i * n) // m, -(-((i + 1) * n) // m)
+        a[i, lo:hi] = 1.0 / (hi - lo)
+    return a.astype(dtype)
+
+
+def _swap_hw(v: Val) -> Val:
+    """v [N, C, A, B] viewed as [N, C, B, A]: the same tensor, its layout relabeled."""
+    swap = {2: 3, 3: 2}
+    shape = (v.shape[0], v.shape[1], v.shape[3], v.shape[2])
+    return Val(shape, v.dtype, tuple(swap.get(p, p) for p in v.perm), tensor=v.tensor)
 
 
 def _triple(v, default):

@@ -103,7 +103,10 @@ def cat(lw, tensors, dim=0):
     dtype = lw.out_dtype
     rank = len(shape)
     dim %= rank
-    vals = [lw.cast(t, dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0)]
+    # empty pieces add nothing (and XNNPACK fails to prepare a tensor with a zero-size dim): left out
+    vals = [lw.cast(t, dtype) for t in tensors if not (t.rank == 1 and t.shape[0] == 0) and 0 not in t.shape]
+    if not vals:
+        return lw.const(np.zeros(shape, dtype))
     if len(vals) == 1:
         return lw.alias(vals[0])
     perm = ref_perm(vals, rank)

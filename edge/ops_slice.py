@@ -30,6 +30,10 @@ def strided_slice(lw, x: Val, specs: dict, shrink=(), out_shape=None) -> Val:
     RESHAPE but not a STRIDED_SLICE with a step > 1 or a shrink mask: each such op splits
     the delegated graph and runs on the slower builtin kernel between partitions."""
     shape = lw.out_shape if out_shape is None else out_shape
+    if 0 in shape:
+        # an empty piece (timm's x[:, :, :num_prefix_tokens] with no prefix tokens): a constant, no op. XNNPACK
+        # fails to prepare a graph holding a tensor with a zero-size dim
+        return lw.const(np.zeros(shape, x.dtype))
     if _unbinds_permuted_lead(x, specs, shrink):
         # one TRANSPOSE of the whole value (cached for its other pieces) instead of one per piece: a fused qkv
         # projection viewed as heads, permute(2, 0, 3, 1, 4) and split into q, k, v (ViT) leaves each piece in a
@@ -248,11 +252,29 @@ def select(lw, x, dim, index):
     return strided_slice(lw, x, {dim: (index, None, 1)}, shrink=(dim,))
 
 
+def _pad_support(n):
+    """Constant pads; a negative one (a crop: NASNet's ZeroPad2d((-1, 1, -1, 1))) on a static dim."""
+    pad, shape = n.args[1], n.args[0].meta["val"].shape
+    if not all(isinstance(p, int) for p in pad):
+        return False
+    return all(isinstance(shape[len(shape) - 1 - i // 2], int) for i, p in enumerate(pad) if p < 0)
+
+
 # constant_pad_nd(Tensor self, SymInt[] pad, Scalar value=0) -> Tensor
 @lowering(aten.constant_pad_nd.default)
-@supported_if(lambda n: all(isinstance(p, int) and p >= 0 for p in n.args[1]))
+@supported_if(_pad_support)
 def constant_pad_nd(lw, x, pad, value=0):
-    return pad_value(lw, x, _pairs(x.rank, pad), value)
+    pairs = _pairs(x.rank, pad)
+    if any(p < 0 for pair in pairs for p in pair):
+        # negative pads crop: a slice first, then the positive pads
+        specs = {d: (max(-lo, 0), x.shape[d] - max(-hi, 0), 1) for d, (lo, hi) in enumerate(pairs)
+                 if min(lo, hi) < 0}
+        shape = tuple(specs[d][1] - specs[d][0] if d in specs else n for d, n in enumerate(x.shape))
+        x = strided_slice(lw, x, specs, out_shape=shape)
+        pairs = [[max(lo, 0), max(hi, 0)] for lo, hi in pairs]
+        if not any(lo or hi for lo, hi in pairs):
+            return x
+    return pad_value(lw, x, pairs, value)
 
 
 def _pairs(rank, pad):

@@ -29,7 +29,10 @@ _SCHEMA_VERSION = 3
 _MAX_RANK = 32
 _MAX_ELEMENTS = (1 << 31) - 1
 _MAX_TENSOR_BYTES = 1 << 32
-_MAX_ARENA_BYTES = 1 << 34  # all of a subgraph's non-constant tensors together
+# a subgraph's non-constant tensors live at once (each from the operator writing it to the last one reading it):
+# what the interpreter's arena holds. Not their sum: a 32-layer ViT at 546 px declares 20 GiB of attention
+# scores in all, 0.3 GiB of them at a time
+_MAX_ARENA_BYTES = 1 << 34
 # bytes per element by TensorType (schema order); None: no fixed size (string, resource, variant)
 _ITEMSIZE = [4, 2, 4, 1, 8, None, 1, 2, 8, 1, 8, 16, 8, None, None, 4, 2, 0.5, 2, 0.25, 0.5, 1, 1]
 
@@ -328,17 +331,50 @@ class _Checker:
         where = f"subgraph {i}"
         tensors = self.tables(sg, 0, f"{where}: tensor")
         nt = len(tensors)
-        arena = sum(self.tensor(t, f"{where}: tensor {j}") for j, t in enumerate(tensors))
-        if arena > _MAX_ARENA_BYTES:
-            raise _Bad(f"{where}'s tensors declare {arena / 2**30:.0f} GiB of activations")
+        sizes = [self.tensor(t, f"{where}: tensor {j}") for j, t in enumerate(tensors)]
         for slot, what in ((1, "input"), (2, "output")):
             for x in self.ints(sg, slot):
                 if not 0 <= x < nt:
                     raise _Bad(f"{where}: {what} {x} is not one of its {nt} tensors")
         self.string(sg, 4)
-        for k, op in enumerate(self.tables(sg, 3, f"{where}: operator")):
+        ops = self.tables(sg, 3, f"{where}: operator")
+        for k, op in enumerate(ops):
             self.operator(op, f"{where}: operator {k}", nt, n_opcodes)
+        arena = self._live_peak(sg, ops, sizes)
+        if arena > _MAX_ARENA_BYTES:
+            raise _Bad(f"{where}'s tensors need {arena / 2**30:.0f} GiB of activations at once")
         return nt
+
+    def _live_peak(self, sg, ops, sizes) -> int:
+        """The most bytes of non-constant tensors live at once, running the operators in order: a tensor lives
+        from the operator writing it (the start, for inputs and tensors no operator writes) to the last one
+        reading it (the end, for outputs and tensors no operator reads)."""
+        n = len(ops)
+        born, dead = [0] * len(sizes), [n] * len(sizes)
+        written, read = set(), {}
+        for k, op in enumerate(ops):
+            for x in self.ints(op, 2):
+                if x not in written:
+                    written.add(x)
+                    born[x] = k
+            for slot in (1, 8):
+                for x in self.ints(op, slot):
+                    if x >= 0:
+                        read[x] = k
+        for x, k in read.items():
+            dead[x] = max(k, born[x])
+        for x in self.ints(sg, 2):
+            dead[x] = n
+        delta = [0] * (n + 2)
+        for x, size in enumerate(sizes):
+            if size:
+                delta[born[x]] += size
+                delta[dead[x] + 1] -= size
+        peak = live = 0
+        for d in delta:
+            live += d
+            peak = max(peak, live)
+        return peak
 
     def tensor(self, t, where: str) -> int:
         """Checks one tensor; its declared bytes when the interpreter allocates it (no constant data)."""

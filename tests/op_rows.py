@@ -932,6 +932,37 @@ _rnn_row("rnn_relu", "rnn_relu", h0=False)
 _rnn_row("rnn_relu_2layer_no_bias", "rnn_relu", layers=2, bias=False)
 _rnn_row("rnn_relu_bidirectional_batch_first", "rnn_relu", bidirectional=True, batch_first=True)
 
+# --------------------------------------------------------------------------------------
+# index tensors on several dims, adaptive and oversized pooling windows (patterns timm / transformers models use)
+# --------------------------------------------------------------------------------------
+
+# adjacent index tensors forming an outer product (bicubic resizing decomposes to 16 of these), pairs of index
+# tensors after a leading dim, and index tensors split by a full slice (the broadcast dims go first)
+row("index_grid_hw", lambda x, i, j: x[:, :, i[:, None], j], r(2, 3, 6, 5), torch.tensor([3, 0, 5, 5]),
+    torch.tensor([1, 4, 2]))
+_GRID_ROWS, _GRID_COLS = torch.tensor([5, 0, 2, 2]), torch.tensor([4, -1, 0])  # constants, as a model holds them
+row("index_grid_const", lambda x: x[:, _GRID_ROWS[:, None], _GRID_COLS], r(2, 6, 5, 3))
+row("index_pairs_mid", lambda x, i, j: x[:, i, j], r(2, 6, 5, 4), torch.tensor([3, 0, 5, 5]),
+    torch.tensor([0, 4, 1, 2]))
+row("index_split_by_slice", lambda x, i, j: x[i, :, j], r(6, 3, 5, 4), torch.tensor([[3, 0], [5, 5]]),
+    torch.tensor([0, 4]))
+row("interp_bicubic_down", F.interpolate, r(2, 3, 8, 6), size=(7, 5), mode="bicubic", align_corners=False)
+row("interp_bicubic_x2_ac", F.interpolate, r(1, 3, 5, 4), scale_factor=2, mode="bicubic", align_corners=True)
+row("adaptive_avg_pool2d_uneven", F.adaptive_avg_pool2d, r(2, 3, 10, 9), (7, 4))
+row("adaptive_avg_pool2d_up", F.adaptive_avg_pool2d, r(1, 2, 4, 2), (5, 3))
+# a window longer than the input, as EfficientNet's final AvgPool2d(hidden_dim, ceil_mode=True) has
+row("avg_pool2d_window_past_input", F.avg_pool2d, r(1, 8, 5, 7), 64, ceil_mode=True)
+row("avg_pool2d_window_past_padded_input", F.avg_pool2d, r(1, 8, 5, 7), 9, stride=3, padding=(1, 2),
+    ceil_mode=True, count_include_pad=False)
+row("max_pool2d_window_past_input", F.max_pool2d, distinct(1, 8, 5, 7), 64, ceil_mode=True)
+# an empty piece concatenated (timm's RoPE attention with no prefix tokens: cat([x[:, :, :0], rotated], 2))
+row("cat_empty_slice", lambda x: torch.cat([x[:, :, :0], x * 2], 2), r(1, 2, 5, 4))
+# negative pads crop (NASNet's ZeroPad2d((-1, 1, -1, 1)) before a stride-2 pool)
+row("pad_negative_crop", F.pad, r(2, 3, 6, 5), [-1, 1, -1, 1])
+row("pad_negative_both_value", F.pad, r(2, 3, 6, 5), [-2, -1, 1, 2], value=0.5)
+# gather with a constant index (SEW-D's relative-position attention gathers at a position table it computes)
+row("gather_const_index", lambda x: torch.gather(x, 1, _SCATTER_IDX), r(2, 6))
+
 
 def dynamic_shapes(rw: OpRow) -> tuple:
     """torch.export dynamic_shapes for ``row_inputs(rw, weights_as_params=True)``: one Dim per size name,

@@ -196,6 +196,31 @@ def test_preload_export_tracer():
     assert callable(getattr(sys.modules["torch.export._trace"], "_export", None))
 
 
+def _scaled(x):  # a helper outside forward: non-strict export records no frame of it by itself
+    return torch.nn.functional.interpolate(x, scale_factor=2.0, mode="nearest") * 3
+
+
+class _CallsHelper(torch.nn.Module):
+    def forward(self, x):
+        return _scaled(x) + 1
+
+
+def test_innermost_user_frames():
+    from torch.fx.experimental.proxy_tensor import _ModuleStackTracer
+
+    before = _ModuleStackTracer._filter_traceback_frames
+    ctx = c.innermost_user_frames()
+    assert not isinstance(ctx, contextlib.nullcontext), "_ModuleStackTracer._filter_traceback_frames is gone"
+    with ctx:
+        ep = torch.export.export(_CallsHelper(), (torch.ones(1, 2, 3, 3),), strict=False)
+    assert _ModuleStackTracer._filter_traceback_frames is before, "the context restores torch's filter"
+    traces = {n.target: n.meta.get("stack_trace") or "" for n in ep.graph.nodes if n.op == "call_function"}
+    mul = next(t for op, t in traces.items() if "mul" in str(op))
+    add = next(t for op, t in traces.items() if "add" in str(op))
+    assert "in _scaled" in mul and "in forward" in mul, mul  # the helper's line after the forward that calls it
+    assert "in _scaled" not in add, add
+
+
 # --- torch.export errors --------------------------------------------------------------------------
 
 
