@@ -364,7 +364,7 @@ def main():
             picked.update({k: {"model": f"{k}/{v['model']}", "kind": v["kind"]} for k, v in hf_models().items()
                            if fams is None or k in fams})
         if a.set in ("timm", "all"):
-            picks = results.get("_timm_picks") if a.resume else None
+            picks = results.get("_timm_picks")  # each family's pick, made once (building every model takes minutes)
             if picks is None:
                 picks = pick_models()
                 _save_row("_timm_picks", picks, results.get("_machine", {}), a.results)
