@@ -49,7 +49,8 @@ STACKS: dict[str, dict] = {
         "pins": ["torch==2.14.1", "torchvision==0.29.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51"],
     },
     "torch2.14.1-libtpu0.0.51-torch_tpu0.2.0": {
-        "describe": "torch 2.14.1 + jax 0.10.2 + libtpu 0.0.51 + torch-tpu 0.2.0 (autoloaded through torch's backend entry point)",
+        "describe": "torch 2.14.1 + jax 0.10.2 + libtpu 0.0.51 + torch-tpu 0.2.0 (autoloaded through torch's "
+                    "backend entry point)",
         "pins": ["torch==2.14.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51", "torch-tpu==0.2.0"],
     },
 }
