@@ -188,7 +188,7 @@ def _serve(args: list) -> tuple:
                 break
         except httpx.TransportError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.2)
     return proc, base, time.perf_counter() - t0
 
 
@@ -271,7 +271,6 @@ def main() -> int:
     if a.lm:
         return main_lm(a)
 
-    import httpx
     import numpy as np
     import torch
 
@@ -294,22 +293,9 @@ def main() -> int:
     levels = [int(c) for c in a.concurrency.split(",")]
     rows = []
     for mode, max_batch in (("batched", 32), ("unbatched", 1)):
-        port = _port()
-        base = f"http://127.0.0.1:{port}"
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", f"resnet50={work}/out/tpu-v6e", "--port",
-                                 str(port), "--max-batch", str(max_batch), "--batch-timeout-ms", "5",
-                                 "--log-level", "warning"], cwd=ROOT)
+        proc, base, start_s = _serve([f"resnet50={work}/out/tpu-v6e", "--max-batch", str(max_batch),
+                                      "--batch-timeout-ms", "5"])
         try:
-            while True:
-                assert proc.poll() is None, "the server exited"
-                try:
-                    if httpx.get(f"{base}/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)
-            start_s = time.perf_counter() - t0
             _load(base, bodies, 1, 2)  # the first requests' connection setup
             for c in levels:
                 n = max(a.requests // 4, 4) if c == 1 else a.requests

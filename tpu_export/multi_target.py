@@ -192,7 +192,6 @@ def _mixed_targets(resolved, opts, max_rel_err) -> dict:
     if max_rel_err is None:
         return {}
     from tpu_export.explore.mixed import SCHEMES as weight_schemes
-    from tpu_export.targets.registry import EdgeTarget
 
     if isinstance(max_rel_err, bool) or not isinstance(max_rel_err, (int, float)) or not max_rel_err > 0:
         raise ValueError(f"max_rel_err must be a positive number, got {max_rel_err!r}")
@@ -202,8 +201,7 @@ def _mixed_targets(resolved, opts, max_rel_err) -> dict:
         scheme = getattr(qc, "scheme", qc)
         if t.backend != "edge" or scheme is None:
             continue
-        plain = all(getattr(type(t), h) is getattr(EdgeTarget, h) for h in ("finish", "package_files"))
-        if scheme not in weight_schemes or not plain or getattr(qc, "recipe", None) is not None:
+        if scheme not in weight_schemes or not _plain_edge(t) or getattr(qc, "recipe", None) is not None:
             raise ValueError(f"max_rel_err: target {t.name} with quant_config {scheme!r}: the mixed precision search "
                              f"takes the weight schemes ({', '.join(weight_schemes)}) on android, ios and cpu")
         mixed[t.name] = scheme
@@ -251,13 +249,17 @@ def _streams(t, opts) -> bool:
     """A float .tflite whose package is the file alone (android, ios, cpu): written straight to disk.
     Targets with their own I/O check, package files or int8 step (web, iot), and quantized models,
     keep the bytes path (their steps read the whole flatbuffer)."""
+    return _plain_edge(t) and opts.quant_config is None and opts.calibration_data is None
+
+
+def _plain_edge(t) -> bool:
+    """An edge target whose package is the .tflite alone (android, ios, cpu): no I/O check, package files or
+    finishing step of its own (web, iot have them)."""
     if t.backend != "edge":
         return False
     from tpu_export.targets.registry import EdgeTarget
 
-    kind = type(t)
-    plain = all(getattr(kind, h) is getattr(EdgeTarget, h) for h in ("finish", "package_files", "check_io"))
-    return plain and opts.quant_config is None and opts.calibration_data is None
+    return all(getattr(type(t), h) is getattr(EdgeTarget, h) for h in ("finish", "package_files", "check_io"))
 
 
 def _write_edge_streamed(prog, t, stage: str, opts, say) -> tuple[str, dict]:
