@@ -86,7 +86,7 @@ def load_pt2(path: str):
             except Exception as e:  # noqa: BLE001 - a corrupt entry: one line, never a traceback
                 raise ExportFailedError(
                     f"{path}: not a readable torch.export .pt2 archive ({_one_line(e)}). {_FIX}") from e
-    _check_graph_json(path, raw)
+    _register_ops(path, _check_graph_json(path, raw))
     return _deserialize(path, raw, weights, constants)
 
 
@@ -181,9 +181,11 @@ def _tensors(path, zf, files, folder, kind, config_name) -> dict:
     return out
 
 
-def _check_graph_json(path: str, raw) -> None:
-    """Refuse shape expressions that are not plain formulas and node targets outside torch's ops."""
+def _check_graph_json(path: str, raw) -> set[str]:
+    """Refuse shape expressions that are not plain formulas and node targets outside torch's ops; return the
+    torch operators the graph calls (``torch.ops.aten.add.Tensor``, ...)."""
     sym_ops = {f"{op.__module__}.{op.__name__}" for op in serde_sym_ops()} | {"_operator.getitem"}
+    ops = set()
     stack = [raw]
     while stack:
         v = stack.pop()
@@ -197,12 +199,37 @@ def _check_graph_json(path: str, raw) -> None:
                     if not (x.startswith("torch.ops.") and "__" not in x) and x not in sym_ops:
                         raise _refuse(path, f"graph node '{v.get('name')}' calls {x[:80]!r}, which is not a torch "
                                             "operator", _FIX_ALTERED)
+                    if x.startswith("torch.ops."):
+                        ops.add(x)
                 else:
                     stack.append(x)
     if raw.get("guards_code"):
         # guards are Python source that ExportedProgram.module() would exec; the converter checks
         # shapes from range_constraints instead, so they are dropped rather than trusted
         raw["guards_code"] = []
+    return ops
+
+
+def _register_ops(path: str, ops: set[str]) -> None:
+    """Register the operators that torch registers only when a module is imported, so a program saved from
+    ``convert_pt2e``'s output loads in a fresh process; an operator nothing has registered is named with the
+    import that would register it."""
+    import torch
+
+    if any(op.startswith("torch.ops.quantized_decomposed.") for op in ops):
+        # the quantize/dequantize ops PT2E quantization leaves; torch registers them in this module, on import
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
+    for op in sorted(ops):
+        parts = op.split(".")[2:]  # namespace, name, overload
+        try:
+            obj = torch.ops
+            for part in parts:
+                obj = getattr(obj, part)
+        except (AttributeError, RuntimeError):
+            hint = " (for torch.ops.torchao.*: `import torchao`)" if parts[0] == "torchao" else ""
+            raise ExportFailedError(
+                f"{path}: its graph calls {op}, which no imported library has registered. Fix: import the library "
+                f"that defines it before converting{hint}, or pass the nn.Module") from None
 
 
 def _check_expr(path: str, expr) -> None:

@@ -6,7 +6,7 @@ with that line. tests/write_litert_torch_compat_doc.py lists them in docs/litert
 
 from __future__ import annotations
 
-__all__ = ["REFUSED", "refuse"]
+__all__ = ["REFUSED", "RefusedSubmodules", "refuse"]
 
 _EXPORT_HF = ("convert the transformers model with litert_torch.generative.export_hf.export(model=..., "
               "output_dir=...) (or `tpu-export convert-lm`), which runs transformers' own modeling code")
@@ -43,3 +43,21 @@ def refuse(package: str, name: str) -> None:
     if key not in REFUSED:
         return
     raise NotImplementedError(f"litert_torch.{key} (litert-torch 0.10) is not provided: {REFUSED[key]}")
+
+
+class RefusedSubmodules:
+    """The ``__path__`` of a refused module: importing any submodule of it (``import
+    litert_torch.generative.examples.gemma``, as 0.10 scripts do) raises the module's NotImplementedError.
+
+    The import system looks a submodule up by iterating its parent's ``__path__``; iterating this one refuses. It
+    keeps the refusal local to the module, where a finder on ``sys.meta_path`` would be process-wide state.
+    """
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __iter__(self):
+        raise NotImplementedError(f"litert_torch.{self.key} (litert-torch 0.10) is not provided: {REFUSED[self.key]}")
+
+    def __repr__(self) -> str:
+        return f"RefusedSubmodules({self.key!r})"

@@ -466,3 +466,56 @@ def test_set_module_name_quantizes_that_submodule_only():
     x = torch.randn(4, 16)
     out_scale = _out_scale(ops)
     assert np.abs(_run(edge, [x])[0] - converted(x).detach().numpy()).max() <= STEPS * out_scale + 1e-6
+
+
+@pytest.mark.subprocess
+def test_saved_pt2e_program_converts_in_a_process_without_torchao(cnn_static, tmp_path):
+    """A .pt2 of convert_pt2e's output calls torch.ops.quantized_decomposed.*, which torch registers only when its
+    module is imported: the CLI converts it in a fresh process that never imports torchao, and the file matches
+    torch's fake-quant model."""
+    import subprocess
+    import sys
+
+    from ai_edge_litert.interpreter import Interpreter
+
+    _, sample, converted, _, _ = cnn_static
+    torch.manual_seed(3)
+    x = sample()
+    pt2 = tmp_path / "q.pt2"
+    torch.export.save(torch.export.export(converted, (x,)), str(pt2))
+    code = ("import sys\nfrom tpu_export.cli import main\n"
+            f"rc = main(['convert', {str(pt2)!r}, '--target', 'cpu', '-o', {str(tmp_path / 'out')!r}, '--quiet'])\n"
+            "print('torchao' in sys.modules, rc)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-2:] == ["False", "0"], r.stdout[-500:]
+    it = Interpreter(model_path=str(tmp_path / "out" / "cpu" / "cpu.tflite"))
+    run = it.get_signature_runner()
+    (got,) = run(**{next(iter(run.get_input_details())): x.numpy()}).values()
+    want = converted(x).detach().numpy()
+    # the float program computes the fake-quant graph itself: float32 rounding, plus a requantized value that a
+    # 1e-7 difference puts in the next int8 step
+    assert np.abs(got - want).max() <= 0.02 * np.abs(want).max()
+
+
+def test_a_pt2_calling_an_unregistered_op_is_named(tmp_path):
+    import json
+    import zipfile
+
+    from tpu_export.converter.errors import ExportFailedError
+    from tpu_export.converter.pt2_load import load_pt2
+
+    m = torch.nn.Linear(4, 2).eval()
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(m, (torch.randn(1, 4),)), str(pt2))
+    altered = tmp_path / "altered.pt2"
+    with zipfile.ZipFile(pt2) as src, zipfile.ZipFile(altered, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("models/model.json"):
+                data = json.dumps(json.loads(data)).replace("torch.ops.aten.linear.default",
+                                                           "torch.ops.torchao.not_registered.default").encode()
+            dst.writestr(info, data)
+    with pytest.raises(ExportFailedError, match=r"altered\.pt2: its graph calls torch\.ops\.torchao\.not_registered"
+                                                r"\.default, which no imported library has registered.*import torchao"):
+        load_pt2(str(altered))

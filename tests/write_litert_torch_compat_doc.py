@@ -137,6 +137,8 @@ ROWS = [
     Row("generative", "from litert_torch.generative.layers import kv_cache", REFUSED, "generative.layers"),
     Row("generative", "from litert_torch.generative.examples import gemma", REFUSED, "generative.examples"),
     Row("generative", "from litert_torch.generative.utilities import model_builder", REFUSED, "generative.utilities"),
+    Row("generative", "import litert_torch.generative.examples.gemma3.gemma3", REFUSED, "generative.examples"),
+    Row("generative", "import litert_torch.generative.layers.attention", REFUSED, "generative.layers"),
     *[Row("generative", f"litert_torch.generative.{n}", REFUSED, f"generative.{n}")
       for n in ("custom_ops", "fx_passes", "tools")],
     Row("generative", "assert callable(litert_torch.generative.export_hf.export)", WORKS,
@@ -181,6 +183,7 @@ def _namespace(tmp: str) -> dict:
 def _run(code: str, ns: dict) -> None:
     # the page shows `from litert_torch...` as 0.10 users write it; here the facade answers to that name
     code = code.replace("from litert_torch.", "from tpu_export.litert_torch.")
+    code = code.replace("import litert_torch.", "import tpu_export.litert_torch.")
     exec(compile(code, "<row>", "exec"), ns)  # noqa: S102 - the rows are this file's own code
 
 

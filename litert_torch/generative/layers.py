@@ -1,10 +1,12 @@
 """litert-torch 0.10's ``litert_torch.generative.layers``: not provided. Every name taken from it
-(``from litert_torch.generative.layers import ...``) raises NotImplementedError naming the alternative
+(``from litert_torch.generative.layers import ...``) and every submodule (``import
+litert_torch.generative.layers.<name>``) raise NotImplementedError naming the alternative
 (litert_torch/_refused.py)."""
 
-from tpu_export.litert_torch._refused import refuse
+from tpu_export.litert_torch._refused import RefusedSubmodules, refuse
 
 __all__: list[str] = []
+__path__ = RefusedSubmodules("generative.layers")
 
 
 def __getattr__(name):
