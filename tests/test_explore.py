@@ -161,5 +161,41 @@ def test_cli_inspect_overlays_then_explore_html(artifacts, tmp_path, capsys):
     assert main(["explore", artifacts["cpu-xla"], "--export-html", html]) == 0
     page = open(html).read()
     assert "conv.bias" in page and "<svg" in page
-    assert main(["inspect", artifacts["cpu-xla"], "--overlays"]) == 2
-    assert "not a .tflite" in capsys.readouterr().err
+    assert main(["inspect", artifacts["cpu-xla"], "--overlays"]) == 0  # XLA's per-op cost (test_explore_xla_cost)
+    assert overlay_path(artifacts["cpu-xla"], "xla_cost.flops") in capsys.readouterr().err
+
+
+def _litertlm_signature_ops(path) -> dict:
+    """Signature -> op count of its subgraph, read from the .tflite section inside the .litertlm bundle."""
+    from ai_edge_litert import schema_py_generated as s
+
+    from tpu_export.edge.litertlm import read_litertlm
+
+    (sec,) = [x for x in read_litertlm(path)["sections"] if x["type"] == "TFLiteModel"]
+    with open(path, "rb") as f:
+        f.seek(sec["begin"])
+        m = s.Model.GetRootAs(f.read(sec["end"] - sec["begin"]), 0)
+    return {m.SignatureDefs(i).SignatureKey().decode(): m.Subgraphs(m.SignatureDefs(i).SubgraphIndex())
+            .OperatorsLength() for i in range(m.SignatureDefsLength())}
+
+
+@pytest.mark.chromium
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium_reason() is not None, reason=str(_chromium_reason()))
+def test_model_explorer_shows_a_litertlm(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.llm_models import save_model_dir
+    from tpu_export.explore import explore
+    from tpu_export.litert_torch.generative import export_hf
+
+    path = export_hf.export(model=str(save_model_dir("llama", tmp_path / "llama")), output_dir=str(tmp_path / "lm"),
+                            prefill_lengths=[8], cache_length=32, quantization_recipe="none")
+    ops = _litertlm_signature_ops(path)
+    assert set(ops) == {"prefill_8", "decode"}
+    png = str(tmp_path / "lm.png")
+    out = explore(path, port=_free_port(), png=png)
+    # the graph Model Explorer opened, as its graph selector names it ("[1] decode  125 nodes")
+    shown = re.search(r"\[\d+\]\s+(\w+)\s+(\d+) nodes", out["page_text"])
+    assert shown is not None and shown.group(1) in ops
+    assert out["op_node_count"] == int(shown.group(2)) == ops[shown.group(1)] + 2  # + GraphInputs, GraphOutputs
+    assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 10_000

@@ -536,9 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true",
                    help="print the full description as JSON (the compiled targets' whole report.json included)")
     i.add_argument("--overlays", action="store_true",
-                   help="a .tflite: also write its Model Explorer overlays beside it (where each op runs per "
-                        "delegate, per-op latency on this CPU) for `tpu-export explore --overlay` "
-                        "(default: not written)")
+                   help="also write Model Explorer overlays beside the artifact for `tpu-export explore --overlay`: "
+                        "a .tflite's where each op runs per delegate and per-op latency on this CPU; a TPU "
+                        "artifact's XLA cost per op (flops, bytes, estimated time) (default: not written)")
     _isolate_flag(i)
     i.set_defaults(fn=cmd_inspect)
 

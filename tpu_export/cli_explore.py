@@ -124,13 +124,15 @@ def cmd_compare(a) -> int:
 
 
 def write_inspect_overlays(path: str) -> None:
-    """``inspect --overlays``: the .tflite's overlays beside it, one line per file on stderr."""
+    """``inspect --overlays``: the overlays of a .tflite (where each op runs, per-op latency) or a TPU artifact
+    (XLA's per-op cost) beside it, one line per file on stderr."""
     from tpu_export.explore import write_overlays
 
-    if not path.endswith(".tflite"):
-        raise _cli().CliError(f"--overlays: {path} is not a .tflite; a TPU artifact's per-node view takes the "
-                              "numeric overlay of `tpu-export compare MODEL ARTIFACT --overlays`")
-    for name, p in write_overlays(path).items():
+    try:
+        written = write_overlays(path)
+    except ValueError as e:
+        raise _cli().CliError(f"--overlays: {e}") from None
+    for name, p in written.items():
         print(f"overlay {name}: {p}", file=sys.stderr)
 
 
@@ -150,9 +152,10 @@ def add_parser(sub, examples) -> None:
     e.add_argument("--port", type=int, default=None, metavar="P",
                    help="the local port (default: 8080, or the next free one up to 8099)")
     e.add_argument("--overlay", action="append", metavar="NAME|all|FILE.json",
-                   help="repeatable: an overlay written beside the artifact (runs_on.cpu, runs_on.gpu, "
-                        "runs_on.coreml, runs_on.metal, runs_on.tflm, latency, numeric), all of them, or a node "
-                        "data file (default: none)")
+                   help="repeatable: an overlay written beside the artifact (a .tflite: runs_on.cpu, runs_on.gpu, "
+                        "runs_on.coreml, runs_on.metal, runs_on.tflm, latency, numeric; a TPU artifact: "
+                        "xla_cost.flops, xla_cost.bytes, xla_cost.time, numeric), all of them, or a node data file "
+                        "(default: none)")
     e.add_argument("--model", metavar="MODEL",
                    help="TPU artifacts: the torch model (.pt2 or package.module:factory) it came from: the view "
                         "names each op's torch node and source line (default: the lowering's names)")

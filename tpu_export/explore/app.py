@@ -96,13 +96,19 @@ def build_view(artifact, *, overlays=(), model=None, sample_args=(), sample_kwar
     kind = artifact_kind(path)
     view = View(path, kind)
     view.overlays = _resolve_overlays(path, overlays)
+    costed = [o for o in view.overlays if o.startswith("xla_cost.")]
+    if costed and model is not None:
+        # node ids of the artifact's own program; the view with model= shows the debug export, another program
+        raise ExploreError(f"overlay {costed[0]!r} is keyed by the node ids of the artifact's own view; the view "
+                           "with the torch model (model=, --model) is a debug export with other ids: open it "
+                           "without the model")
     if kind in ("tflite", "litertlm"):
         if model is not None:
             raise ValueError("model= applies to TPU artifacts: a .tflite's tensors already carry the torch names")
         view.models.append((os.path.basename(path), path, None))
         return view
     _require_model_explorer()
-    from .graphs import annotate_mlir, debug_mlir, mlir_graphs, stablehlo_text
+    from .graphs import annotate_mlir, debug_mlir, mlir_graphs, stablehlo_text, tpu_graph_id
 
     workdir = workdir or tempfile.mkdtemp(prefix="tpu-export-explore-")
     os.makedirs(workdir, exist_ok=True)
@@ -126,6 +132,11 @@ def build_view(artifact, *, overlays=(), model=None, sample_args=(), sample_kwar
         with open(mlir, "w") as f:
             f.write(text)
         graphs = mlir_graphs(mlir, notes, text, wn, inn, label)
+        gid = tpu_graph_id(sigs, sig)
+        for col in graphs["graphCollections"]:
+            for g in col["graphs"]:
+                if g.get("id") == "main":
+                    g["id"] = gid
         gpath = os.path.join(workdir, f"{sig}.graph.json")
         with open(gpath, "w") as f:
             json.dump(graphs, f)
@@ -248,10 +259,12 @@ def export_html(view: View, path: str) -> str:
              "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}svg{border:1px solid #ddd}</style>",
              "</head><body>", f"<h1>{html.escape(os.path.basename(view.artifact))}</h1>"]
     all_graphs = view.graphs()
+    ids = {g.get("id") for _, graphs in all_graphs for col in graphs.get("graphCollections", [])
+           for g in col.get("graphs", [])}
     for name, graphs in all_graphs:
         for col in graphs.get("graphCollections", []):
             for g in col.get("graphs", []):
-                parts.append(_graph_html(name, g, overlays))
+                parts.append(_graph_html(name, g, overlays, ids))
     parts.append("<script type='application/json' id='graphs'>"
                  + json.dumps([g for _, g in all_graphs]).replace("</", "<\\/") + "</script>")
     parts.append("<script type='application/json' id='overlays'>"
@@ -262,12 +275,15 @@ def export_html(view: View, path: str) -> str:
     return path
 
 
-def _values(node: dict, gid: str, overlays: dict) -> dict:
+def _values(node: dict, gid: str, overlays: dict, ids: set) -> dict:
     keys = [node.get("id")] + [a["value"] for o in node.get("outputsMetadata", []) for a in o.get("attrs", [])
                                if a.get("key") == "tensor_name"]
     out = {}
     for name, data in overlays.items():
-        res = (data.get(gid) or (next(iter(data.values())) if len(data) == 1 else {}) or {}).get("results", {})
+        # an overlay of one graph whose id the view does not have applies to any graph; one naming another graph
+        # of the view (another signature) does not
+        lone = next(iter(data.values())) if len(data) == 1 and next(iter(data)) not in ids else {}
+        res = (data.get(gid) or lone or {}).get("results", {})
         for k in keys:
             if k in res:
                 out[name] = res[k]
@@ -275,7 +291,7 @@ def _values(node: dict, gid: str, overlays: dict) -> dict:
     return out
 
 
-def _graph_html(model: str, g: dict, overlays: dict) -> str:
+def _graph_html(model: str, g: dict, overlays: dict, ids: set) -> str:
     gid = g.get("id", "")
     nodes = [n for n in g.get("nodes", []) if n.get("label") != "pseudo_const"]
     depth = _layers({"nodes": nodes})
@@ -301,7 +317,7 @@ def _graph_html(model: str, g: dict, overlays: dict) -> str:
              + "".join(f"<th>{html.escape(o)}</th>" for o in overlays) + "</tr>"]
     for n in nodes:
         x, y = pos[n["id"]]
-        vals = _values(n, gid, overlays)
+        vals = _values(n, gid, overlays, ids)
         color = (vals.get(first) or {}).get("bgColor", "#ffffff") if first else "#ffffff"
         label = html.escape(f"{n.get('label', '')} {n.get('namespace', '')}"[:34])
         svg.append(f"<g class='node' data-id='{html.escape(str(n['id']))}'><rect x='{x}' y='{y}' width='{w}' "

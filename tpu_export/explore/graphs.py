@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-__all__ = ["artifact_kind", "stablehlo_text", "annotate_mlir", "mlir_graphs"]
+__all__ = ["artifact_kind", "stablehlo_text", "annotate_mlir", "mlir_graphs", "tpu_graph_id"]
 
 _LOC_ALIAS = re.compile(r"^(#loc\d*) = loc\((.*)\)\s*$")
 _OP_LINE = re.compile(r"^(\s*)(%[\w.$-]+(?::\d+)?(?:\s*,\s*%[\w.$-]+)*)\s*=\s*(\"?[\w.]+\"?)(.*?)\s*loc\((.*)\)\s*$")
@@ -39,6 +39,14 @@ def artifact_kind(path: str) -> str:
     if p.endswith((".tpuexp", ".zip")) or os.path.exists(os.path.join(p, "manifest.json")):
         return "tpu"
     raise ValueError(f"{p!r} is not a .tflite, .litertlm or TPU artifact (.tpuexp folder or .zip)")
+
+
+def tpu_graph_id(signatures, signature: str) -> str:
+    """The graph id of ``signature``'s ``main`` in a TPU artifact's view: ``main`` where the artifact has one
+    signature; the signature's name where it has several (each signature is a model of its own in Model
+    Explorer, and node data is matched by graph id: one shared ``main`` would put one signature's overlay on
+    another's graph)."""
+    return "main" if len(signatures) == 1 else signature
 
 
 def _aliases(text: str) -> dict:

@@ -11,6 +11,9 @@ is plain JSON.
 - ``latency``: each op's time on this CPU, in microseconds: the op alone in a one-op model, run by the LiteRT
   interpreter on its real input values (median of repeated runs).
 - ``numeric``: each node's max relative error against torch eager (written by compare()).
+- ``xla_cost.flops``, ``xla_cost.bytes``, ``xla_cost.time``: a TPU artifact's ops, each compiled alone by XLA for
+  the artifact's target: flops, bytes accessed, XLA's estimated time (TPU only), keyed by Model Explorer's node ids
+  of the view (xla_cost.py).
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ import time
 
 import numpy as np
 
-__all__ = ["overlay_path", "overlay_paths", "write_overlays", "numeric_overlay", "DELEGATES", "OVERLAYS"]
+__all__ = ["overlay_path", "overlay_paths", "write_overlays", "numeric_overlay", "DELEGATES", "OVERLAYS",
+           "TFLITE_OVERLAYS", "TPU_OVERLAYS"]
 
 DELEGATES = ("cpu", "gpu", "coreml", "metal", "tflm")
-OVERLAYS = tuple(f"runs_on.{d}" for d in DELEGATES) + ("latency", "numeric")
+TFLITE_OVERLAYS = tuple(f"runs_on.{d}" for d in DELEGATES) + ("latency",)
+TPU_OVERLAYS = ("xla_cost.flops", "xla_cost.bytes", "xla_cost.time")
+OVERLAYS = TFLITE_OVERLAYS + ("numeric",) + TPU_OVERLAYS
 _GOOD, _BAD, _MID = "#a5d6a7", "#ef9a9a", "#fff59d"
 
 
@@ -276,40 +282,74 @@ def _const(t, buffers) -> bool:
 
 def numeric_overlay(result, graph_id: str = "serving_default") -> dict:
     """Node data of a CompareResult: each node's max relative error against torch eager, keyed by the artifact
-    tensor holding it (a .tflite tensor name, or the torch tensor name in the TPU view)."""
+    tensor holding it (a .tflite tensor name, or the torch tensor name in the TPU view, whose graph id is
+    ``main``, or the signature's name in an artifact with several)."""
     results = {}
     for r in result.rows:
         key = r.artifact_tensor if result.kind == "tflite" else r.tensor_name
         results[key] = {"value": float(r.max_rel) if np.isfinite(r.max_rel) else 1e30,
                         **({"bgColor": _BAD} if r.over else {})}
-    gid = graph_id if result.kind == "tflite" else "main"
+    if result.kind == "tflite":
+        gid = graph_id
+    else:
+        from tpu_export.tpu_backend.artifact import read_artifact
+
+        from .graphs import tpu_graph_id
+
+        gid = tpu_graph_id(read_artifact(result.artifact, verify=False).signatures, result.signature)
     return {gid: {"name": f"max rel error vs torch eager (tolerance {result.tolerance:g})", "results": results,
                   "thresholds": [{"value": result.tolerance, "bgColor": _GOOD}]}}
 
 
-def write_overlays(artifact: str, *, names=None, inputs: dict | None = None) -> dict:
-    """Compute and write the overlays of a .tflite beside it; {name: path}.
+def write_overlays(artifact: str, *, names=None, inputs: dict | None = None, signature: str | None = None,
+                   target: str | None = None) -> dict:
+    """Compute and write the overlays of a .tflite or a TPU artifact beside it; {name: path}.
 
     Args:
-        artifact: A .tflite.
-        names: The overlays to write (default: every ``runs_on.*`` and ``latency``).
+        artifact: A .tflite (``runs_on.*``, ``latency``) or a TPU artifact, .tpuexp folder or .zip
+            (``xla_cost.flops``, ``xla_cost.bytes``, ``xla_cost.time``).
+        names: The overlays to write (default: every one of the artifact's kind; ``xla_cost.time`` only where
+            the target's XLA estimates time, i.e. TPU).
         inputs: Input name -> array for the latency overlay (default: seeded random values).
+        signature: A TPU artifact's signature to cost (default: ``serving_default``, else the first by name).
+        target: Whose XLA costs a TPU artifact's ops: a TPU target (``tpu-v6e``) or ``cpu`` (default: the
+            artifact's first compiled TPU target, else ``cpu``).
 
     Returns:
         Overlay name -> the path written.
 
     Raises:
-        ValueError: ``artifact`` is not a .tflite, or a name is not an overlay inspect writes.
+        ValueError: ``artifact`` is neither a .tflite nor a TPU artifact, a name is not an overlay of its kind,
+            or ``signature``/``target`` do not fit the artifact.
     """
+    from .graphs import artifact_kind
+
     path = os.fspath(artifact)
-    if not path.endswith(".tflite"):
-        raise ValueError(f"{path!r}: overlays are computed for a .tflite (a TPU artifact's view takes the numeric "
-                         "overlay of compare())")
-    wanted = list(names) if names else [n for n in OVERLAYS if n != "numeric"]
-    bad = [n for n in wanted if n not in OVERLAYS or n == "numeric"]
+    kind = artifact_kind(path)
+    if kind == "litertlm":
+        raise ValueError(f"{path!r}: overlays are computed for a .tflite or a TPU artifact (a .litertlm's "
+                         "sections: extract the .tflite)")
+    own = TFLITE_OVERLAYS if kind == "tflite" else TPU_OVERLAYS
+    wanted = list(names) if names else list(own)
+    bad = [n for n in wanted if n not in own]
     if bad:
-        known = ", ".join(n for n in OVERLAYS if n != "numeric")
-        raise ValueError(f"unknown overlay {bad[0]!r}; inspect writes {known} (numeric comes from compare)")
+        raise ValueError(f"overlay {bad[0]!r} is not written for a {'.tflite' if kind == 'tflite' else 'TPU artifact'}"
+                         f"; its overlays are {', '.join(own)} (numeric comes from compare)")
+    if kind == "tpu":
+        if inputs:
+            raise ValueError("inputs= is for a .tflite's latency overlay; a TPU artifact's xla_cost overlays take "
+                             "no inputs")
+        from .xla_cost import xla_cost
+
+        data = xla_cost(path, signature=signature, target=target)
+        if "xla_cost.time" in wanted and "xla_cost.time" not in data:
+            if names:
+                raise ValueError("overlay 'xla_cost.time': XLA's CPU cost analysis estimates no time; cost on a "
+                                 "TPU target (target='tpu-v6e')")
+            wanted.remove("xla_cost.time")
+        return {n: _write(overlay_path(path, n), data[n]) for n in wanted}
+    if signature is not None or target is not None:
+        raise ValueError("signature= and target= are for a TPU artifact's xla_cost overlays, not a .tflite")
     data = {}
     if any(n.startswith("runs_on.") for n in wanted):
         data.update(runs_on(path))
