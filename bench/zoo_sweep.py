@@ -147,6 +147,8 @@ def _hf_build(model_type: str, cls_name: str):
         try:
             torch.manual_seed(0)
             model = _reinit(getattr(transformers, cls_name)(config)).eval()
+            if getattr(model, "_can_set_experts_implementation", lambda: False)():
+                model.set_experts_implementation("batched_mm")  # what the converter's error says to do
             name = model.main_input_name
             x = _hf_input(name, config)
             with torch.no_grad():
@@ -183,13 +185,21 @@ def _hf_input(name: str, config):
 
     g = torch.Generator().manual_seed(1)
     if name == "input_ids":
-        return torch.randint(0, min(int(getattr(config, "vocab_size", 1000) or 1000), 1000), (1, 16), generator=g)
+        ids = torch.randint(0, min(int(getattr(config, "vocab_size", 1000) or 1000), 1000), (1, 16), generator=g)
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, int) and getattr(config, "is_encoder_decoder", False):
+            ids[0, -1] = eos  # BART-style classifiers pool the hidden state at the <eos> token
+        return ids
     if name == "pixel_values" or (name == "inputs" and hasattr(config, "image_size")):  # perceiver's images
         size = getattr(config, "image_size", 224)
         size = tuple(size) if isinstance(size, (list, tuple)) else (size, size)
         return torch.randn(1, getattr(config, "num_channels", 3), *size, generator=g)
+    if name == "input_values" and hasattr(config, "max_length") and hasattr(config, "num_mel_bins"):
+        return torch.randn(1, config.max_length, config.num_mel_bins, generator=g)  # AST: a spectrogram
     if name == "input_values":
         return torch.randn(1, 16000, generator=g)
+    if name == "input_features" and hasattr(config, "feature_projection_input_dim"):
+        return torch.randn(1, 200, config.feature_projection_input_dim, generator=g)  # w2v-BERT: stacked fbanks
     if name == "input_features":
         frames = 2 * getattr(config, "max_source_positions", 1500)
         return torch.randn(1, getattr(config, "num_mel_bins", 80), frames, generator=g)

@@ -66,6 +66,10 @@ OP_HINTS: dict[str, str] = {
                                "(a static max_output_size and a valid mask) instead",
     "torchvision.roi_align.default": "roi_align is lowered for a positive sampling_ratio on float32 inputs; "
                                      "pass sampling_ratio > 0 (torchvision's detection models use 2)",
+    # transformers' default mixture-of-experts dispatch sorts tokens by expert: data-dependent shapes
+    "transformers.grouped_mm_fallback.default": "call model.set_experts_implementation('batched_mm') before "
+                                                "converting (transformers' static-shape expert dispatch, the same "
+                                                "numbers)",
 }
 
 

@@ -37,7 +37,15 @@ def index_select(lw, x, dim, index):
     runs = _unit_runs(index, x.shape[dim])
     if runs is not None:  # torch.roll decomposes to a constant rotation index: slices beat GATHER
         return _slices_concat(lw, x, dim, runs)
-    return _gather(lw, x, dim, index)
+    out = _gather(lw, x, dim, index)
+    op = lw.sg.operators[-1]
+    if dim == x.rank - 2 and not index.is_const and lw.memo.get(("cache_written_at", x.tensor)) is not None and \
+            list(op.outputs) == [out.tensor]:
+        # a sliding layer's decode window of a KV cache: its attention may read the cache instead and drop this
+        # GATHER (edge.attention_prefix; ops_attention._decode_window)
+        slots = Val((index.shape[0],), np.dtype(np.int32), (0,), tensor=op.inputs[1])
+        lw.memo[("cache_window", out.tensor)] = (x, slots, op)
+    return out
 
 
 def _unit_runs(index, n, most: int = 2):
@@ -173,7 +181,9 @@ def _index_form(indices):
     k = len(present)
     shapes = [_index_shape(indices[i]) for i in present]
     adjacent = present == list(range(present[0], present[0] + k))
-    if adjacent and all(len(s) <= k for s in shapes) and all(
+    # the broadcast shape must have one dim per index (x[arange(b), last] broadcasts two [b] indices to [b]: one
+    # dim, a GATHER_ND, not a grid)
+    if adjacent and max(len(s) for s in shapes) == k and all(
             all(isinstance(d, int) and d == 1 for a, d in enumerate((1,) * (k - len(s)) + s) if a != j)
             for j, s in enumerate(shapes)):
         return "grid", None

@@ -944,6 +944,9 @@ _GRID_ROWS, _GRID_COLS = torch.tensor([5, 0, 2, 2]), torch.tensor([4, -1, 0])  #
 row("index_grid_const", lambda x: x[:, _GRID_ROWS[:, None], _GRID_COLS], r(2, 6, 5, 3))
 row("index_pairs_mid", lambda x, i, j: x[:, i, j], r(2, 6, 5, 4), torch.tensor([3, 0, 5, 5]),
     torch.tensor([0, 4, 1, 2]))
+# a classifier's last-token pooling, logits[arange(batch), last] at batch 1: two [1] indices broadcast to one dim
+row("index_last_token_batch1", lambda x, i: x[torch.arange(1), i], r(1, 16, 2), torch.tensor([11]))
+row("index_pairs_length1", lambda x, i, j: x[:, i, j], r(2, 6, 5, 3), torch.tensor([4]), torch.tensor([2]))
 row("index_split_by_slice", lambda x, i, j: x[i, :, j], r(6, 3, 5, 4), torch.tensor([[3, 0], [5, 5]]),
     torch.tensor([0, 4]))
 row("interp_bicubic_down", F.interpolate, r(2, 3, 8, 6), size=(7, 5), mode="bicubic", align_corners=False)

@@ -28,6 +28,17 @@ def _narrow_dtype(d):
     return NARROW.get(d, d)
 
 
+# ops whose int arguments past the tensor are positions, not values: `x[:, 1:]` slices to end=2**63-1 ("to the
+# end"), which says nothing about the int64 data
+_POSITION_ARGS = {torch.ops.aten.slice.Tensor: 1, torch.ops.aten.slice_scatter.default: 2}
+
+
+def _value_args(n):
+    """The node's arguments that may become int64 data (a slice's start / end are positions)."""
+    keep = _POSITION_ARGS.get(n.target)
+    return (n.args, n.kwargs) if keep is None else n.args[:keep]
+
+
 def apply_dtype_policy(prog: Program) -> None:
     if prog.enable_x64:
         return
@@ -55,7 +66,7 @@ def apply_dtype_policy(prog: Program) -> None:
             if out_is_64:
                 retyped.add(n)
                 if any(v.dtype == torch.int64 for v in leaves):
-                    for a in tree_leaves((n.args, n.kwargs)):
+                    for a in tree_leaves(_value_args(n)):
                         if isinstance(a, int) and not isinstance(a, bool) and not (_I32[0] <= a <= _I32[1]):
                             raise DtypePolicyError(
                                 f"{op_name(n.target)} uses the int64 constant {a}, which does not fit int32, "

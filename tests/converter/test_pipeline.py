@@ -184,6 +184,21 @@ def test_dtype_policy_rejects_int64_constant_that_does_not_fit():
     assert "test_pipeline.py" in str(e.value)  # the user's source line
 
 
+def test_dtype_policy_takes_an_open_ended_slice_of_int64_ids():
+    """``ids[:, 1:]`` slices to end=2**63-1 (BART's shift_tokens_right): a position, not int64 data."""
+    from tpu_export import litert_torch
+
+    class M(torch.nn.Module):
+        def forward(self, ids):
+            shifted = ids.new_zeros(ids.shape)
+            shifted[:, 1:] = ids[:, :-1].clone()
+            return shifted * 3
+
+    ids = torch.randint(0, 1000, (2, 7))
+    got = litert_torch.convert(M().eval(), (ids,))(ids)
+    assert torch.equal(got.to(torch.int64), M()(ids))
+
+
 def test_float64_becomes_float32():
     class M(torch.nn.Module):
         def forward(self, x):
