@@ -31,6 +31,7 @@ __all__ = [
     "batched_nms_padded",
     "static_detector",
     "yolo_nms_padded",
+    "detection_postprocess",
 ]
 
 _WHERE = {
@@ -55,6 +56,7 @@ _WHERE = {
     "batched_nms_padded": "detection",
     "static_detector": "detection",
     "yolo_nms_padded": "detection",
+    "detection_postprocess": "detection_tflite",
 }
 
 

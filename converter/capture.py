@@ -12,6 +12,7 @@ import warnings
 import torch
 
 from ._torch_compat import innermost_user_frames, is_export_user_error, module_children, replace_module_children
+from .detection import static_roi_pools
 from .errors import ExportFailedError, UnsupportedModelError
 
 __all__ = ["capture", "explain_export_error"]
@@ -71,8 +72,9 @@ def capture(module, sample_args=None, sample_kwargs=None, *, dynamic_shapes=None
     first_error = None
     for s in modes[strict]:
         try:
-            # innermost_user_frames: an unsupported op is reported at the line that calls it, also inside a helper
-            with torch.no_grad(), _quiet_torch_logs(), innermost_user_frames():
+            # innermost_user_frames: an unsupported op is reported at the line that calls it, also inside a helper;
+            # static_roi_pools: torchvision's MultiScaleRoIAlign pools in static shapes (converter.detection)
+            with torch.no_grad(), _quiet_torch_logs(), innermost_user_frames(), static_roi_pools(module):
                 return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=s)
         except UnsupportedModelError:
             raise  # our own refusal from inside forward: already one line naming the feature

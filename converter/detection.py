@@ -12,11 +12,13 @@ whole.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 
 import torch
 
-__all__ = ["nms_padded", "batched_nms_padded", "static_detector", "StaticDetector", "yolo_nms_padded"]
+__all__ = ["nms_padded", "batched_nms_padded", "static_detector", "StaticDetector", "TFLiteSSD", "yolo_nms_padded"]
 
 
 def _iou(boxes: torch.Tensor) -> torch.Tensor:
@@ -219,7 +221,7 @@ def _roi_pool(pool, x, boxes, image_shapes):
     """MultiScaleRoIAlign with static shapes: every RoI pooled at every level, each keeping its own level's
     (torchvision's level rule and scales, from torchvision.ops.poolers)."""
     roi_align = torch.ops.torchvision.roi_align.default  # registered: the model is torchvision's
-    feats = [x[k] for k in pool.featmap_names]
+    feats = [v for k, v in x.items() if k in pool.featmap_names]  # torchvision's order: the dict's
     rois = torch.cat([torch.cat((torch.full_like(b[:, :1], i), b), dim=1) for i, b in enumerate(boxes)])
     h = max(s[0] for s in image_shapes)
     # each level's scale: feature size / image size, rounded to a power of two
@@ -238,6 +240,30 @@ def _roi_pool(pool, x, boxes, image_shapes):
     for i, r in enumerate(pooled[1:], 1):
         out = torch.where((level == i)[:, None, None, None], r, out)
     return out
+
+
+def _is_multiscale_roi_align(m) -> bool:
+    return type(m).__name__ == "MultiScaleRoIAlign" and type(m).__module__.startswith("torchvision.")
+
+
+@contextlib.contextmanager
+def static_roi_pools(module: torch.nn.Module):
+    """While open, each torchvision ``MultiScaleRoIAlign`` in ``module`` pools in static shapes (``_roi_pool``).
+
+    torchvision picks each RoI's level with ``torch.where(levels == level)`` and writes the level's results back
+    by those indices, sizes known only at run time, which neither backend lowers. Pooling every RoI at every
+    level and keeping its own level's result gives the same values for a fixed number of boxes. ``capture``
+    holds this open while ``torch.export`` traces; a pool whose ``forward`` is already replaced is left alone.
+    """
+    pools = [m for m in module.modules() if _is_multiscale_roi_align(m) and "forward" not in vars(m)]
+    for p in pools:
+        p.forward = functools.partial(_roi_pool, p)
+    try:
+        yield
+    finally:
+        for p in pools:
+            if isinstance(vars(p).get("forward"), functools.partial):
+                del p.forward
 
 
 def _rcnn_post(heads, store, slots, class_logits, box_regression, proposals, image_shapes):
@@ -357,7 +383,60 @@ class StaticDetector(torch.nn.Module):
         return tuple(torch.stack([d[k] for d in dets]) for k in keys)
 
 
-def static_detector(model: torch.nn.Module, max_detections: int | None = None) -> StaticDetector:
+class TFLiteSSD(torch.nn.Module):
+    """A torchvision SSD / SSDlite ending in ``TFLite_Detection_PostProcess`` (see ``static_detector``)."""
+
+    def __init__(self, model: torch.nn.Module, slots: int, regular: bool):
+        super().__init__()
+        self.model, self.slots, self.regular = model, slots, regular
+        fixed = getattr(model.transform, "fixed_size", None)
+        if not fixed:
+            raise ValueError(f"static_detector: postprocess='tflite' needs an SSD whose transform resizes to a fixed "
+                             f"size (torchvision's SSD and SSDlite do); {type(model).__name__} has none")
+        h, w = int(fixed[0]), int(fixed[1])
+        with torch.no_grad():  # the anchors of the fixed input size, once: a constant of the exported model
+            images, _ = model.transform([torch.zeros(3, h, w)])
+            feats = model.backbone(images.tensors)
+            feats = list(feats.values()) if isinstance(feats, dict) else [feats]
+            xyxy = model.anchor_generator(images, feats)[0].float()
+        ih, iw = images.tensors.shape[-2:]
+        ah, aw = (xyxy[:, 3] - xyxy[:, 1]), (xyxy[:, 2] - xyxy[:, 0])
+        # (ycenter, xcenter, h, w) in units of the image size: the kernel's boxes come out in [0, 1], as TFLite
+        # SSD models give them (IoU is the same in either unit)
+        anchors = torch.stack([(xyxy[:, 1] + 0.5 * ah) / ih, (xyxy[:, 0] + 0.5 * aw) / iw, ah / ih, aw / iw], 1)
+        self.register_buffer("anchors", anchors, persistent=False)
+        self.num_anchors = anchors.shape[0]
+
+    def forward(self, images: torch.Tensor):
+        """images ``[B, 3, H, W]`` -> ``(boxes [B, D, 4] (ymin, xmin, ymax, xmax) in [0, 1] of the image, classes
+        [B, D] (label - 1), scores [B, D], num_detections [B])``, all float32."""
+        from .detection_tflite import detection_postprocess
+
+        m = self.model
+        x, _ = m.transform(list(images.unbind(0)))
+        feats = m.backbone(x.tensors)
+        feats = list(feats.values()) if isinstance(feats, dict) else [feats]
+        head = m.head(feats)
+        if head["bbox_regression"].shape[1] != self.num_anchors:
+            raise ValueError(f"TFLiteSSD: the head gave {head['bbox_regression'].shape[1]} boxes for "
+                             f"{self.num_anchors} anchors; pass images the transform resizes to its fixed size")
+        wx, wy, ww, wh = (float(v) for v in m.box_coder.weights)
+        reg = head["bbox_regression"]
+        clip = m.box_coder.bbox_xform_clip  # torchvision clamps dw / weight and dh / weight before exp
+        enc = torch.stack([reg[..., 1], reg[..., 0], reg[..., 3].clamp(max=clip * wh),
+                           reg[..., 2].clamp(max=clip * ww)], dim=-1)
+        scores = torch.softmax(head["cls_logits"], dim=-1)
+        return detection_postprocess(
+            enc, scores, self.anchors, max_detections=self.slots, detections_per_class=self.slots,
+            score_threshold=m.score_thresh, iou_threshold=m.nms_thresh, y_scale=wy, x_scale=wx, h_scale=wh,
+            w_scale=ww, use_regular_nms=self.regular, num_classes=scores.shape[-1] - 1)
+
+
+_POSTPROCESS_KINDS = ("static", "tflite", "tflite_fast")
+
+
+def static_detector(model: torch.nn.Module, max_detections: int | None = None,
+                    postprocess: str = "static") -> torch.nn.Module:
     """A torchvision detection model with static-shape post-processing, for export to either backend.
 
     The model's own backbone, heads, anchors, box decoding and image transform run unchanged; the steps that
@@ -372,16 +451,26 @@ def static_detector(model: torch.nn.Module, max_detections: int | None = None) -
         model: An eval-mode ``torchvision.models.detection`` SSD / SSDlite, RetinaNet, FCOS, Faster R-CNN or
             Mask R-CNN (or a subclass).
         max_detections: The number of slots; None for the model's ``detections_per_img``.
+        postprocess: ``"static"``: torchvision's post-processing in static shapes (above). ``"tflite"`` (SSD and
+            SSDlite only): the model ends in ``detection_postprocess`` (TFLite's ``TFLite_Detection_PostProcess``
+            custom op on LiteRT) with regular, per-class NMS; ``"tflite_fast"``: the same with the kernel's fast
+            NMS (each anchor's best class only). Its anchors are the anchor generator's for the transform's fixed
+            size, the box coder's weights are the scales, scores are the softmax with the background column.
 
     Returns:
-        A module taking images ``[B, 3, H, W]`` and returning ``(boxes [B, D, 4], scores [B, D], labels [B, D],
-        valid [B, D])``, plus ``masks [B, D, 1, H, W]`` for Mask R-CNN; boxes, scores and labels are zero where
-        ``valid`` is false.
+        A module taking images ``[B, 3, H, W]``. ``"static"``: it returns ``(boxes [B, D, 4], scores [B, D],
+        labels [B, D], valid [B, D])``, plus ``masks [B, D, 1, H, W]`` for Mask R-CNN; boxes, scores and labels
+        are zero where ``valid`` is false. ``"tflite"``: the op's ``(boxes [B, D, 4] (ymin, xmin, ymax, xmax) in
+        [0, 1] of the image, classes [B, D] (torchvision's label - 1), scores [B, D], num_detections [B])``.
 
     Raises:
         ValueError: The model is not one of those detectors (Keypoint R-CNN, whose keypoint decoding resizes each
-            box's heatmaps to a data-dependent size, is refused), or ``max_detections`` is not a positive int.
+            box's heatmaps to a data-dependent size, is refused), ``max_detections`` is not a positive int, or
+            ``postprocess`` is unknown or ``"tflite"`` for a model that is not an SSD.
     """
+    if postprocess not in _POSTPROCESS_KINDS:
+        raise ValueError(f"static_detector: postprocess must be one of {', '.join(_POSTPROCESS_KINDS)}, got "
+                         f"{postprocess!r}")
     names = [c.__name__ for c in type(model).__mro__]
     kinds = [n for n in names if n in _POSTPROCESS]
     two_stage = "GeneralizedRCNN" in names
@@ -395,6 +484,12 @@ def static_detector(model: torch.nn.Module, max_detections: int | None = None) -
     slots = detections_per_img if max_detections is None else max_detections
     if not isinstance(slots, int) or slots < 1:
         raise ValueError(f"static_detector: max_detections must be a positive int, got {max_detections!r}")
+    if postprocess != "static":
+        if kinds != ["SSD"]:
+            raise ValueError(f"static_detector: postprocess={postprocess!r} is for torchvision's SSD and SSDlite "
+                             f"(whose post-processing TFLite_Detection_PostProcess matches), not "
+                             f"{type(model).__name__}; use postprocess='static'")
+        return TFLiteSSD(model, slots, regular=postprocess == "tflite")
     return StaticDetector(model, None if two_stage else _POSTPROCESS[kinds[0]], slots)
 
 

@@ -276,8 +276,9 @@ class ModelBuilder:
         self._buffer_by_digest: dict[bytes, int] = {}
         self._buffer_by_sample: dict[bytes, list[int]] = {}  # large buffers: sample digest -> indices
         self._buffer_by_address: dict[tuple[int, int], int] = {}  # large views: (address, bytes) -> index
-        self._opcodes: dict[int, int] = {}  # builtin code -> index in operator_codes
+        self._opcodes: dict = {}  # builtin code, or (CUSTOM, custom code) -> index in operator_codes
         self._opcode_versions: list[list[int]] = []  # [code, version]
+        self._custom_codes: dict[int, str] = {}  # index in operator_codes -> a custom op's name
         self.subgraphs: list[SubgraphBuilder] = []
         self.signature_defs = []
         self.metadata: dict[str, bytes] = {}
@@ -359,12 +360,15 @@ class ModelBuilder:
         drop_all_pages()  # the weights the copy was computed from were paged in from their spool
         return _Spilled(spill, at, data.nbytes)
 
-    def opcode(self, code: int, version: int = 1) -> int:
-        idx = self._opcodes.get(code)
+    def opcode(self, code: int, version: int = 1, custom_code: str | None = None) -> int:
+        key = code if custom_code is None else (code, custom_code)  # each custom op has an entry of its own
+        idx = self._opcodes.get(key)
         if idx is None:
             idx = len(self._opcode_versions)
-            self._opcodes[code] = idx
+            self._opcodes[key] = idx
             self._opcode_versions.append([code, version])
+            if custom_code is not None:
+                self._custom_codes[idx] = custom_code
         else:
             # one entry per builtin; its version is the highest any use needs
             self._opcode_versions[idx][1] = max(self._opcode_versions[idx][1], version)
@@ -401,11 +405,12 @@ class ModelBuilder:
         model.version = 3
         model.description = "tpu-export edge backend"
         codes = []
-        for code, version in self._opcode_versions:
+        for i, (code, version) in enumerate(self._opcode_versions):
             oc = s.OperatorCodeT()
             oc.builtinCode = code
             oc.deprecatedBuiltinCode = min(code, 127)
             oc.version = version
+            oc.customCode = self._custom_codes.get(i)
             codes.append(oc)
         model.operatorCodes = codes
         model.subgraphs = [sg.to_object() for sg in self.subgraphs]
@@ -617,14 +622,20 @@ class SubgraphBuilder:
             self._const_tensors[key] = idx
         return idx
 
-    def op(self, code: int, inputs: list[int], outputs: list[int], opts=None, version: int = 1):
+    def op(self, code: int, inputs: list[int], outputs: list[int], opts=None, version: int = 1,
+           custom_code: str | None = None, custom_options: bytes | None = None):
+        """An operator: a builtin ``code`` with its ``opts``, or (code CUSTOM) the custom op ``custom_code``
+        with its flexbuffer ``custom_options``."""
         s = schema()
         o = s.OperatorT()
-        o.opcodeIndex = self.model.opcode(code, version)
+        o.opcodeIndex = self.model.opcode(code, version, custom_code)
         o.inputs = list(inputs)
         o.outputs = list(outputs)
         if opts is not None:
             o.builtinOptionsType, o.builtinOptions = opts
+        if custom_options is not None:
+            o.customOptions = list(custom_options)
+            o.customOptionsFormat = s.CustomOptionsFormat.FLEXBUFFERS
         self.operators.append(o)
         return o
 

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from tpu_export.converter import detection as _detection  # noqa: F401 - defines tpu_export::nms_padded
+from tpu_export.converter import detection_tflite as _dpp  # noqa: F401 - defines tpu_export::detection_postprocess
 from tpu_export.converter.decompositions import KEEP_WHOLE, decomposition_table, trace_decomposition
 from tpu_export.converter.registry import bind_args, op_name
 
@@ -195,3 +196,62 @@ def _roi_supported(node) -> bool:
 @supported_if(_roi_supported)
 def roi_align(lw, x, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
     return _lower_traced(lw, _roi_align_dense, [x, rois])
+
+
+# ---------------------------------------------------------------------------- TFLite_Detection_PostProcess
+# tpu_export::detection_postprocess(Tensor box_encodings, Tensor class_scores, Tensor anchors, int max_detections,
+#     int max_classes_per_detection, int detections_per_class, float score_threshold, float iou_threshold,
+#     int num_classes, float y_scale, float x_scale, float h_scale, float w_scale, bool use_regular_nms)
+#     -> (Tensor, Tensor, Tensor, Tensor)
+# The interpreter's own kernel, as the custom op GPU / NPU delegates and detection app libraries look for. It takes
+# one image: a batch is sliced, one op per image, and the outputs concatenated.
+
+
+def _dpp_supported(node) -> bool:
+    vals = [a.meta.get("val") for a in node.args[:3]]
+    return all(v is not None and v.dtype == torch.float32 and all(isinstance(d, int) for d in v.shape)
+               for v in vals) and vals[0].shape[1] > 0
+
+
+@lowering(torch.ops.tpu_export.detection_postprocess.default)
+@supported_if(_dpp_supported)
+def detection_postprocess(lw, enc, scores, anchors, max_detections, max_classes_per_detection, detections_per_class,
+                          score_threshold, iou_threshold, num_classes, y_scale, x_scale, h_scale, w_scale,
+                          use_regular_nms):
+    from flatbuffers import flexbuffers
+
+    from .builder import schema
+
+    options = bytes(flexbuffers.Dumps({
+        "max_detections": int(max_detections), "max_classes_per_detection": int(max_classes_per_detection),
+        "detections_per_class": int(detections_per_class), "use_regular_nms": bool(use_regular_nms),
+        "nms_score_threshold": float(score_threshold), "nms_iou_threshold": float(iou_threshold),
+        "num_classes": int(num_classes), "y_scale": float(y_scale), "x_scale": float(x_scale),
+        "h_scale": float(h_scale), "w_scale": float(w_scale)}))
+    f32 = np.dtype(np.float32)
+    b, n, _ = enc.shape
+    c = scores.shape[-1]
+    d = max_detections * max_classes_per_detection
+    enc_t, scores_t, anchors_t = (lw.tensor(v, tuple(range(len(v.shape)))) for v in (enc, scores, anchors))
+    per_image = []
+    for i in range(b):
+        ins = [enc_t, scores_t]
+        if b > 1:
+            ins = [lw.op("SLICE", [t, lw.const_tensor(np.array([i, 0, 0], np.int32)),
+                                   lw.const_tensor(np.array([1, n, k], np.int32))], (1, n, k), f32).tensor
+                   for t, k in ((enc_t, 4), (scores_t, c))]
+        outs = [lw.sg.tensor(lw.name(f"detection_{part}"), shape, f32)
+                for part, shape in (("boxes", (1, d, 4)), ("classes", (1, d)), ("scores", (1, d)), ("count", (1,)))]
+        lw.sg.op(schema().BuiltinOperator.CUSTOM, ins + [anchors_t], outs, custom_code="TFLite_Detection_PostProcess",
+                 custom_options=options)
+        per_image.append(outs)
+    shapes = ((b, d, 4), (b, d), (b, d), (b,))
+    result = []
+    for k, shape in enumerate(shapes):
+        if b == 1:
+            t = per_image[0][k]
+        else:
+            (t,), _ = lw.emit("CONCATENATION", [o[k] for o in per_image], [shape], [f32],
+                              lw.options("Concatenation", axis=0), suffix="concat")
+        result.append(Val(shape, f32, tuple(range(len(shape))), tensor=t))
+    return tuple(result)

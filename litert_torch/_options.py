@@ -44,7 +44,9 @@ _TF = "a flag of TensorFlow's LiteRT converter, which this conversion does not r
 # keys of TensorFlow's ConverterFlags users pass, with why they are refused
 REFUSED_CONVERTER_FLAGS = {
     "unfold_batchmatmul": "the edge backend chooses BATCH_MATMUL or FULLY_CONNECTED itself",
-    "allow_custom_ops": "no custom ops are emitted; register a lowering to builtins (docs/custom_ops.md)",
+    "allow_custom_ops": "the only custom op written is the one LiteRT's runtime registers "
+                        "(TFLite_Detection_PostProcess, from converter.detection_postprocess); register a lowering "
+                        "to builtins for others (docs/custom_ops.md)",
     "enable_select_tf_ops": "no TensorFlow ops are emitted (there is no TensorFlow graph)",
     "force_select_tf_ops": "no TensorFlow ops are emitted (there is no TensorFlow graph)",
     "strict_qdq_mode": "quantization is applied by ai-edge-quantizer after lowering (quant_config=...)",

@@ -383,6 +383,107 @@ def test_static_detector_refuses_keypoint_heads_by_name():
         static_detector(torch.nn.Linear(2, 2))
 
 
+# ------------------------------------------------------------------ SSD ending in TFLite_Detection_PostProcess
+
+
+@needs_torchvision
+@pytest.mark.parametrize("kind,backend", [
+    ("ssd", "edge"),
+    pytest.param("ssd", "tpu", marks=pytest.mark.slow),  # ~15 s: an NMS loop per class over 1344 anchors
+    pytest.param("ssdlite", "edge", marks=pytest.mark.slow),
+])
+def test_ssd_with_tflite_postprocess_matches_torchvision(kind, backend, monkeypatch):
+    from torchvision.models.detection import ssd as tv_ssd
+
+    from tpu_export.converter import static_detector
+
+    m = _detector(kind)
+    x = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
+    det = static_detector(m, postprocess="tflite")
+    with torch.no_grad():
+        boxes, classes, scores, count = det(x)
+        ref = m([x[0]])[0]
+        n = int(count[0])
+        # torchvision's boxes are (x1, y1, x2, y2) in pixels, its labels count the background
+        mine = (boxes[0, :n][:, [1, 0, 3, 2]] * 128, scores[0, :n], classes[0, :n].long() + 1)
+        assert len(ref["boxes"]) == n == det.slots  # enough candidates to fill every slot
+        # torchvision clips the decoded boxes to the image before NMS, the kernel does not: where boxes cross
+        # the border, overlaps and so some decisions differ; the detections both keep agree
+        both = n - _unmatched(ref, mine[0].clamp(0, 128), mine[1], mine[2], atol=1e-3, score_tol=1e-5)
+        assert both >= 0.85 * n  # 175 of 200 (SSD), 179 (SSDlite)
+        # without that clipping and with every anchor a candidate (topk_candidates), the same detections
+        m.topk_candidates = det.num_anchors
+        monkeypatch.setattr(tv_ssd.box_ops, "clip_boxes_to_image", lambda b, size: b)
+        ref = m([x[0]])[0]
+    assert len(ref["boxes"]) == n and _unmatched(ref, *mine, atol=1e-3, score_tol=1e-5) == 0
+    out = (_edge if backend == "edge" else _tpu)(det, (x,))
+    assert torch.equal(out[3], count)
+    torch.testing.assert_close(out[0][0, :n], boxes[0, :n], rtol=0, atol=1e-5)  # units of the image size
+    assert torch.equal(out[1][0, :n], classes[0, :n])
+    torch.testing.assert_close(out[2][0, :n], scores[0, :n], rtol=0, atol=1e-5)
+
+
+@needs_torchvision
+def test_ssd_with_tflite_fast_postprocess_on_the_kernel_matches_eager():
+    from tpu_export.converter import static_detector
+
+    det = static_detector(_detector("ssd"), max_detections=50, postprocess="tflite_fast")
+    x = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = det(x)
+    n = int(want[3][0])
+    assert n == 50
+    got = _edge(det, (x,))
+    assert torch.equal(got[3], want[3]) and torch.equal(got[1][0, :n], want[1][0, :n])
+    torch.testing.assert_close(got[0][0, :n], want[0][0, :n], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[2][0, :n], want[2][0, :n], rtol=0, atol=1e-5)
+
+
+@needs_torchvision
+def test_static_detector_tflite_postprocess_is_for_ssd_only():
+    from tpu_export.converter import static_detector
+
+    with pytest.raises(ValueError, match="static_detector: postprocess='tflite' is for torchvision's SSD"):
+        static_detector(_detector("retinanet"), postprocess="tflite")
+    with pytest.raises(ValueError, match="static_detector: postprocess must be one of static, tflite, tflite_fast"):
+        static_detector(_detector("ssd"), postprocess="nms")
+
+
+# ------------------------------------------------------------------ MultiScaleRoIAlign in a model of one's own
+
+
+class Pooler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.pool = tv_ops.MultiScaleRoIAlign(["p2", "p3", "p4"], 7, 2)
+
+    def forward(self, f2, f3, f4, boxes_a, boxes_b):
+        from collections import OrderedDict
+
+        feats = OrderedDict([("p2", f2), ("p3", f3), ("p4", f4)])
+        return self.pool(feats, [boxes_a, boxes_b], [(256, 256), (256, 240)])
+
+
+@needs_torchvision
+@pytest.mark.parametrize("backend", ["edge", "tpu"])
+def test_multiscale_roi_align_in_a_users_model_matches_torchvision(backend):
+    g = torch.Generator().manual_seed(0)
+    feats = [torch.randn(2, 8, 256 // s, 256 // s, generator=g) for s in (4, 8, 16)]
+
+    def boxes(k):
+        side = torch.exp(torch.rand(k, 2, generator=g) * (np.log(300) - np.log(8)) + np.log(8))  # 8 to 300 px
+        xy = torch.rand(k, 2, generator=g) * 200
+        return torch.cat([xy, xy + side], 1)
+
+    args = (*feats, boxes(24), boxes(16))
+    m = Pooler().eval()
+    ref = m(*args)
+    levels = m.pool.map_levels([args[3], args[4]])
+    assert set(levels.tolist()) == {0, 1, 2}  # every level is some box's
+    out = (_edge if backend == "edge" else _tpu)(m, args)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-4)
+
+
 # ------------------------------------------------------------------ ultralytics YOLO: its own Detect head, built
 # from its yaml with seeded random weights (no download), with and without NMS in the graph
 
