@@ -35,7 +35,7 @@ __all__ = ["STACKS", "render_page", "render_readme_table", "readme_with_table", 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "compat_matrix.json"
 PAGE = REPO / "docs" / "compatibility.md"
-DISTS = ("torch", "torchvision", "jax", "jaxlib", "libtpu", "torch-tpu", "tpu-export", "numpy")
+DISTS = ("torch", "torchvision", "jax", "jaxlib", "libtpu", "torch-tpu", "ultralytics", "tpu-export", "numpy")
 
 # Each stack: the requirements pinned on pip's command line next to the project's own `[test]` extra.
 STACKS: dict[str, dict] = {
@@ -45,8 +45,11 @@ STACKS: dict[str, dict] = {
     },
     "torch2.14.1-libtpu0.0.51": {
         "describe": "torch 2.14.1 (CUDA build, run on CPU) + torchvision 0.29.1 + jax 0.10.2 + libtpu 0.0.51",
-        # torchvision: tests/test_detection.py runs here (no torchvision build loads on the 2.13 stack)
-        "pins": ["torch==2.14.1", "torchvision==0.29.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51"],
+        # torchvision: the detection tests run here (no torchvision build loads on the 2.13 stack), their slow
+        # ones too (whole torchvision detectors, ultralytics YOLO built from its yaml)
+        "pins": ["torch==2.14.1", "torchvision==0.29.1", "jax==0.10.2", "jaxlib==0.10.2", "libtpu==0.0.51",
+                 "ultralytics==8.4.190"],
+        "slow_files": ["tests/test_detection.py", "tests/test_detection_postprocess.py"],
     },
     "torch2.14.1-libtpu0.0.51-torch_tpu0.2.0": {
         "describe": "torch 2.14.1 + jax 0.10.2 + libtpu 0.0.51 + torch-tpu 0.2.0 (autoloaded through torch's "
@@ -60,6 +63,8 @@ FAST_TIER = ["-m", "fast", "-n", "2", "-q", "-p", "no:cacheprovider", "-o", "pyt
 # The AOT compiles for TPU topologies with the stack's libtpu, in this process (tests that start children put the
 # repository first on their PYTHONPATH, so their children would not import the installed copy).
 LIBTPU_TIER = [*FAST_TIER[:1], "libtpu and not subprocess", *FAST_TIER[2:]]
+# A stack's "slow_files": the tests only that stack can run, whole (their slow tests are outside both tiers above).
+SLOW_TIER = [*FAST_TIER[:1], "slow and not subprocess", *FAST_TIER[2:]]
 
 
 def _run(cmd: list[str], log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None) -> int:
@@ -197,6 +202,9 @@ def run_stack(name: str, cache: Path, reuse: bool = True, install_only: bool = F
         return row
     row["tests"] = _pytest(env_dir, [*FAST_TIER, "--durations=40"], log)
     row["tests_libtpu"] = _pytest(env_dir, LIBTPU_TIER, log)
+    if stack.get("slow_files"):
+        row["tests_slow"] = _pytest(env_dir, [*SLOW_TIER, *stack["slow_files"]], log)
+        row["slow_files"] = stack["slow_files"]
     row["command"] = "pytest " + " ".join(FAST_TIER)
     return row
 
@@ -233,7 +241,12 @@ def render_page(results: dict) -> str:
             f"| {_cell(row, 'libtpu')} | {_cell(row, 'torch-tpu')} | {'ok' if row['install_ok'] else 'failed'} "
             f"| {tests.get('passed', '-')} | {failed} | {tests.get('skipped', '-')} | {tests.get('seconds', '-')} "
             f"| {tests.get('cpu_seconds', '-')} | {_passed_failed(row.get('tests_libtpu'))} |")
-    tiers = ("tests", "tests_libtpu")
+    for row in results["stacks"]:
+        if row.get("tests_slow"):
+            lines += ["", f"{row['describe']}: the slow tests of {', '.join(row['slow_files'])} (`-m \"slow and not "
+                          f"subprocess\"`): {_passed_failed(row['tests_slow'])} passed / failed, "
+                          f"{row['tests_slow'].get('skipped', 0)} skipped."]
+    tiers = ("tests", "tests_libtpu", "tests_slow")
     failing = [(row["describe"], [i for tier in tiers for i in row.get(tier, {}).get("failing", [])])
                for row in results["stacks"]]
     if any(ids for _, ids in failing):
@@ -318,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     PAGE.write_text(render_page(results))
     README.write_text(readme_with_table(README.read_text(), results))
-    bad = [r["stack"] for r in results["stacks"] if not r["install_ok"] or r.get("tests", {}).get("exit_code")]
+    bad = [r["stack"] for r in results["stacks"] if not r["install_ok"] or r.get("tests", {}).get("exit_code")
+           or r.get("tests_slow", {}).get("exit_code")]
     return 1 if bad else 0
 
 
