@@ -17,4 +17,6 @@ def run_json(argv: list, *, timeout: float, cwd: str | None = None, err_chars: i
     for line in reversed(r.stdout.strip().splitlines()):
         if line.startswith("{"):
             return json.loads(line)
+    if r.returncode < 0:  # killed: its last stderr line is whatever it printed before, often a warning
+        return {"error": f"killed by signal {-r.returncode}" + (" (out of memory?)" if r.returncode == -9 else "")}
     return {"error": (r.stderr.strip().splitlines() or ["?"])[-1][:err_chars]}

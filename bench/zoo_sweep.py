@@ -97,6 +97,8 @@ HF_MAPPINGS = {"MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES": "image",
 _SMALL = {"num_hidden_layers": 2, "num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
           "num_key_value_heads": 2, "intermediate_size": 128, "encoder_layers": 2, "d_model": 64,
           "encoder_attention_heads": 2, "encoder_ffn_dim": 128}
+# mixture-of-experts fields some defaults leave unset (DeepSeek-V2's config), which its forward then fails on
+_SMALL_MOE = {"n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
 
 
 def hf_models() -> dict:
@@ -128,6 +130,9 @@ class _Logits:
         return Logits().eval()
 
 
+MAX_DEFAULT_PARAMS = 1e9  # a model past this is not built from its default config (memory, and minutes per row)
+
+
 def _hf_build(model_type: str, cls_name: str):
     """(module returning logits, sample input): a small config first, the default config if that fails."""
     import torch
@@ -141,10 +146,20 @@ def _hf_build(model_type: str, cls_name: str):
             for k, v in _SMALL.items():
                 if isinstance(getattr(config, k, None), int):
                     setattr(config, k, v)
+            if hasattr(config, "vocab_size") and config.vocab_size is None:
+                config.vocab_size = 1000  # ESM's default leaves it to the checkpoint
+            if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+                for k, v in _SMALL_MOE.items():
+                    setattr(config, k, v)
             for k in ("depths", "num_layers_per_stage"):
                 if isinstance(getattr(config, k, None), list):
                     setattr(config, k, [1] * len(getattr(config, k)))
         try:
+            if not small:  # a published default can be hundreds of billions of parameters: count them first
+                with torch.device("meta"):
+                    n = sum(p.numel() for p in getattr(transformers, cls_name)(config).parameters())
+                if n > MAX_DEFAULT_PARAMS:
+                    raise ValueError(f"the default config has {n / 1e9:.1f} B parameters; not built")
             torch.manual_seed(0)
             model = _reinit(getattr(transformers, cls_name)(config)).eval()
             if getattr(model, "_can_set_experts_implementation", lambda: False)():
