@@ -38,6 +38,8 @@ _TARGETS = _EDGE | _TPU | {"tflite_micro"}
 _APP = _TARGETS | {"tokenizers", "litert_lm", "torchao"}
 # tpu_export.serve: the HTTP server's stack (the serve extra)
 _APP = _APP | {"starlette", "uvicorn", "prometheus_client"}
+# tpu_export.serve.ray_app: the same server as N replicas on Ray Serve (the ray extra)
+_APP = _APP | {"ray"}
 # tpu_export.explore: Model Explorer's server and its graph adapters (the explore extra)
 _APP = _APP | {"model_explorer", "ai_edge_model_explorer_adapter"}
 THIRD_PARTY = {0: _CAPTURE, 1: None, 2: _TARGETS, 3: _APP, 4: _APP}

@@ -89,7 +89,9 @@ def run(artifacts: Artifacts, *, host: str = "127.0.0.1", port: int = 8000, log_
     sock = _bind(host, port)  # before the models load and compile: a taken port fails at once
     try:
         application = app(artifacts, **settings)
-        config = uvicorn.Config(application, host=host, port=port, log_level=log_level,
+        # asyncio and h11 by name: uvicorn's "auto" picks uvloop and httptools when installed (Ray Serve brings
+        # both), and the server's behaviour should not hang on what else is in the environment
+        config = uvicorn.Config(application, host=host, port=port, log_level=log_level, loop="asyncio", http="h11",
                                 timeout_graceful_shutdown=None)
         bound = sock.getsockname()
         url = f"http://{f'[{bound[0]}]' if ':' in bound[0] else bound[0]}:{bound[1]}"
