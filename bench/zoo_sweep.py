@@ -281,14 +281,20 @@ def _save_row(fam: str, row: dict, machine: dict, results_path: str = RESULTS) -
 
 
 def _run_one(name: str, timeout: float) -> dict:
+    import shutil
+    import tempfile
+
     from bench._worker_json import run_json
 
     t0 = time.perf_counter()
+    tmp = tempfile.mkdtemp(prefix="zoo-sweep-")  # the worker's outputs: removed even when it is killed
     try:
         r = run_json([sys.executable, os.path.abspath(__file__), "--one", name], timeout=timeout, cwd=ROOT,
-                     err_chars=300)
+                     err_chars=300, extra_env={"TMPDIR": tmp})
     except subprocess.TimeoutExpired:
         r = {"error": f"timed out after {timeout:.0f} s"}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     r["process_s"] = round(time.perf_counter() - t0, 1)
     return r
 
