@@ -133,6 +133,24 @@ class _Logits:
 MAX_DEFAULT_PARAMS = 1e9  # a model past this is not built from its default config (memory, and minutes per row)
 
 
+def _config(config_cls, small: bool):
+    """transformers' default config, or the small one (a config may refuse a field: funnel's layer count)."""
+    config = config_cls()
+    if small:
+        for k, v in _SMALL.items():
+            if isinstance(getattr(config, k, None), int):
+                setattr(config, k, v)
+        if hasattr(config, "vocab_size") and config.vocab_size is None:
+            config.vocab_size = 1000  # ESM's default leaves it to the checkpoint
+        if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+            for k, v in _SMALL_MOE.items():
+                setattr(config, k, v)
+        for k in ("depths", "num_layers_per_stage"):
+            if isinstance(getattr(config, k, None), list):
+                setattr(config, k, [1] * len(getattr(config, k)))
+    return config
+
+
 def _hf_build(model_type: str, cls_name: str):
     """(module returning logits, sample input): a small config first, the default config if that fails."""
     import torch
@@ -141,20 +159,8 @@ def _hf_build(model_type: str, cls_name: str):
     config_cls = transformers.CONFIG_MAPPING[model_type]
     errors = []
     for small in (True, False):
-        config = config_cls()
-        if small:
-            for k, v in _SMALL.items():
-                if isinstance(getattr(config, k, None), int):
-                    setattr(config, k, v)
-            if hasattr(config, "vocab_size") and config.vocab_size is None:
-                config.vocab_size = 1000  # ESM's default leaves it to the checkpoint
-            if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
-                for k, v in _SMALL_MOE.items():
-                    setattr(config, k, v)
-            for k in ("depths", "num_layers_per_stage"):
-                if isinstance(getattr(config, k, None), list):
-                    setattr(config, k, [1] * len(getattr(config, k)))
         try:
+            config = _config(config_cls, small)
             if not small:  # a published default can be hundreds of billions of parameters: count them first
                 with torch.device("meta"):
                     n = sum(p.numel() for p in getattr(transformers, cls_name)(config).parameters())
