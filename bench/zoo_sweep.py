@@ -130,25 +130,35 @@ class _Logits:
         return Logits().eval()
 
 
-MAX_DEFAULT_PARAMS = 1e9  # a model past this is not built from its default config (memory, and minutes per row)
+MAX_PARAMS = 1e9  # a model past this is not built (memory, and minutes per row)
 
 
 def _config(config_cls, small: bool):
     """transformers' default config, or the small one (a config may refuse a field: funnel's layer count)."""
     config = config_cls()
     if small:
-        for k, v in _SMALL.items():
-            if isinstance(getattr(config, k, None), int):
-                setattr(config, k, v)
-        if hasattr(config, "vocab_size") and config.vocab_size is None:
-            config.vocab_size = 1000  # ESM's default leaves it to the checkpoint
-        if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
-            for k, v in _SMALL_MOE.items():
-                setattr(config, k, v)
-        for k in ("depths", "num_layers_per_stage"):
-            if isinstance(getattr(config, k, None), list):
-                setattr(config, k, [1] * len(getattr(config, k)))
+        _shrink(config)
     return config
+
+
+def _shrink(config) -> None:
+    """The small config in place, nested configs too (Gemma 3's text and vision towers)."""
+    import transformers
+
+    for sub in list(vars(config).values()):
+        if isinstance(sub, transformers.PretrainedConfig):
+            _shrink(sub)
+    for k, v in _SMALL.items():
+        if isinstance(getattr(config, k, None), int):
+            setattr(config, k, v)
+    if hasattr(config, "vocab_size") and config.vocab_size is None:
+        config.vocab_size = 1000  # ESM's default leaves it to the checkpoint
+    if hasattr(config, "num_experts_per_tok") and config.num_experts_per_tok is None:
+        for k, v in _SMALL_MOE.items():
+            setattr(config, k, v)
+    for k in ("depths", "num_layers_per_stage"):
+        if isinstance(getattr(config, k, None), list):
+            setattr(config, k, [1] * len(getattr(config, k)))
 
 
 def _hf_build(model_type: str, cls_name: str):
@@ -161,11 +171,10 @@ def _hf_build(model_type: str, cls_name: str):
     for small in (True, False):
         try:
             config = _config(config_cls, small)
-            if not small:  # a published default can be hundreds of billions of parameters: count them first
-                with torch.device("meta"):
-                    n = sum(p.numel() for p in getattr(transformers, cls_name)(config).parameters())
-                if n > MAX_DEFAULT_PARAMS:
-                    raise ValueError(f"the default config has {n / 1e9:.1f} B parameters; not built")
+            with torch.device("meta"):  # a published default can be hundreds of billions of parameters
+                n = sum(p.numel() for p in getattr(transformers, cls_name)(config).parameters())
+            if n > MAX_PARAMS:
+                raise ValueError(f"this config has {n / 1e9:.1f} B parameters; not built")
             torch.manual_seed(0)
             model = _reinit(getattr(transformers, cls_name)(config)).eval()
             if getattr(model, "_can_set_experts_implementation", lambda: False)():
