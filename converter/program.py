@@ -372,6 +372,8 @@ def program_from_exported(
         outputs = [spec_of(nm, v) for nm, v in zip(names, user_out)]
         ranges = {}
         for sym, rng in ep.range_constraints.items():
+            if str(sym).startswith("u"):
+                continue  # an unbacked size (computed from data, e.g. by .item()): no input dim to bound
             name = sym_names.get(str(sym), str(sym))
             hi = rng.upper
             ranges[name] = (int(rng.lower), int(hi) if hi.is_finite and hi < 2**31 else 2**31 - 1)

@@ -414,3 +414,30 @@ def test_folded_constants_and_multi_output_indices_follow_the_32bit_policy():
                 assert v.dtype != torch.int64, n
     assert prog.signature().outputs[1].dtype == torch.int32
     assert_matches(prog, M(), (x,))
+
+
+def test_a_value_read_with_item_only_for_a_check_converts(tmp_path):
+    """Flaubert asserts ``lengths.max().item() <= slen``: torch.export keeps an unbacked size symbol with an
+    unbounded range, which is no input dim to bound (the TPU manifest refused its range of [-oo, oo])."""
+    import numpy as np
+
+    import tpu_export
+    from tpu_export import tpu_backend
+
+    class M(torch.nn.Module):
+        def forward(self, ids):
+            longest = (ids > 3).sum(-1).max().item()
+            torch._check(longest <= ids.shape[1])
+            return (ids * 2 + 1).float().softmax(-1)
+
+    ids = torch.randint(0, 9, (2, 6))
+    written = tpu_export.convert(M().eval(), (ids,), targets=["cpu", "cpu-xla"], out_dir=str(tmp_path))
+    want = M()(ids).numpy()
+    got = np.asarray(tpu_backend.load(written["cpu-xla"])(ids.numpy().astype(np.int32)))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    from ai_edge_litert.interpreter import Interpreter
+
+    run = Interpreter(model_path=written["cpu"]).get_signature_runner()
+    (name,) = run.get_input_details()
+    (edge,) = run(**{name: ids.numpy().astype(np.int32)}).values()
+    np.testing.assert_allclose(edge, want, rtol=1e-6, atol=1e-7)
