@@ -17,8 +17,18 @@ LM mode (the "lm" entry of the same file): a Llama-architecture model at publish
 tokenizer over its 32000 ids, converted for tpu-v6e with slots=32 (prefill 16 and 32, cache 128), served twice: with
 continuous batching (--max-batch 32) and one request at a time (--max-batch 1: LoopGenerator's loop, the batch-1
 prefill and decode signatures, the sequential generate of the same artifact). Streamed completions (greedy, 64 new
-tokens, prompts of 8 to 30 tokens) with 1, 8 and 32 in flight: tokens/s, time to first token p50/p99 and the time
-between tokens p50/p99; each request's text is compared between the two modes.
+tokens, prompts of 8 to 30 tokens) with 1, 8 and 32 in flight, both servers up and the two modes run back to back at
+each level: tokens/s, time to first token p50/p99, the time between tokens p50/p99 and the server's CPU time per
+token (steadier than wall time on a shared host), with the load average; each request's text is compared between
+the two modes.
+
+    .venv/bin/python bench/serve.py --cold-start [--cold-runs 3] [--out bench/results/serve.json]
+
+Cold-start mode (the "cold_start" entry): ResNet-50 at batch 1 served by a fresh `tpu-export serve` child, timed
+from the exec to its first answer, alternating two modes: JIT (PJRT CPU compiles the artifact's StableHLO at start,
+what the server does) and AOT (the same PJRT CPU executables, serialized and loaded back from jax's persistent
+compilation cache, which one priming run fills). Then the serving signature's executable is compiled, serialized
+and deserialized in this process (times, size, same output), what storing CPU executables in an artifact would cost.
 """
 
 from __future__ import annotations
@@ -192,6 +202,14 @@ def _serve(args: list) -> tuple:
     return proc, base, time.perf_counter() - t0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used: on a shared host a server's CPU time per
+    token is steadier than its wall time."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main_lm(a) -> int:
     import random
 
@@ -208,14 +226,20 @@ def main_lm(a) -> int:
     levels = [int(c) for c in a.concurrency.split(",")]
     prompts = {c: [" ".join(f"w{rnd.randrange(4, 32000)}" for _ in range(rnd.randint(8, 30))) for _ in range(n)]
                for c, n in zip(levels, counts)}
-    rows, texts = [], {}
-    for mode, max_batch in (("continuous", a.slots), ("sequential", 1)):
-        proc, base, start_s = _serve([f"lm={work}/out/tpu-v6e", "--max-batch", str(max_batch),
-                                      "--request-timeout", "3600", "--max-queue", "1024"])
-        try:
+    rows, texts, servers = [], {}, {}
+    # both servers up at once, the two modes measured back to back at each concurrency: on a shared host the load
+    # drifts over minutes, and comparing runs minutes apart would measure the drift
+    try:
+        for mode, max_batch in (("continuous", a.slots), ("sequential", 1)):
+            proc, base, start_s = _serve([f"lm={work}/out/tpu-v6e", "--max-batch", str(max_batch),
+                                          "--request-timeout", "3600", "--max-queue", "1024"])
+            servers[mode] = (proc, base, start_s, max_batch)
             _lm_load(base, ["w5 w6 w7"], 1, 2)  # the first request's connection setup
-            for c in levels:
+        for c in levels:
+            for mode, (proc, base, start_s, max_batch) in servers.items():
+                load0, cpu0 = os.getloadavg()[0], _cpu_s(proc.pid)
                 res, wall = _lm_load(base, prompts[c], c, a.new_tokens)
+                cpu = _cpu_s(proc.pid) - cpu0
                 tokens = sum(r["tokens"] for r in res)
                 ttft = [r["ttft"] for r in res]
                 gaps = [g for r in res for g in r["gaps"]]
@@ -224,31 +248,166 @@ def main_lm(a) -> int:
                        "tokens": tokens, "tokens_per_s": tokens / wall, "wall_s": wall,
                        "ttft_p50_ms": _pct(ttft, 0.5) * 1e3, "ttft_p99_ms": _pct(ttft, 0.99) * 1e3,
                        "token_gap_p50_ms": _pct(gaps, 0.5) * 1e3, "token_gap_p99_ms": _pct(gaps, 0.99) * 1e3,
-                       "server_start_s": start_s, "loadavg": os.getloadavg()[0]}
+                       "server_cpu_s": cpu, "server_cpu_ms_per_token": cpu / tokens * 1e3,
+                       "server_start_s": start_s, "loadavg_before": load0, "loadavg": os.getloadavg()[0]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-        finally:
+    finally:
+        for proc, *_ in servers.values():
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
+    rows.sort(key=lambda r: (r["mode"] != "continuous", r["concurrency"]))
     same = {c: texts[("continuous", c)] == texts[("sequential", c)] for c in levels}
     speedup = {c: next(r["tokens_per_s"] for r in rows if r["mode"] == "continuous" and r["concurrency"] == c) /
                next(r["tokens_per_s"] for r in rows if r["mode"] == "sequential" and r["concurrency"] == c)
                for c in levels}
+    cpu_ratio = {c: next(r["server_cpu_ms_per_token"] for r in rows if r["mode"] == "sequential" and
+                         r["concurrency"] == c) /
+                 next(r["server_cpu_ms_per_token"] for r in rows if r["mode"] == "continuous" and r["concurrency"] == c)
+                 for c in levels}
     lm = {"command": " ".join(["bench/serve.py", *sys.argv[1:]]),
           "model": f"Llama architecture, hidden {a.lm_hidden}, {a.lm_layers} layers, vocab 32000, tied embeddings: "
                    f"{params / 1e6:.1f} M parameters (random weights)",
           "artifact": f"tpu-v6e (PJRT CPU here), slots={a.slots}, prefill 16 and 32, cache 128, float32",
           "new_tokens": a.new_tokens, "convert_s": convert_s, "speedup_tokens_per_s": speedup,
+          "server_cpu_per_token_ratio": cpu_ratio,
           "same_text_as_sequential": same,
           "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
                    "python": platform.python_version()},
           "rows": rows}
-    print(json.dumps({"speedup": speedup, "same_text": same}), flush=True)
+    print(json.dumps({"speedup": speedup, "cpu_per_token_ratio": cpu_ratio, "same_text": same}), flush=True)
     result = {}
     if os.path.exists(a.out):
         with open(a.out) as f:
             result = json.load(f)
     result["lm"] = lm
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {a.out}")
+    return 0
+
+
+def _cold_start_once(art: str, env: dict, body: bytes, want) -> dict:
+    """One `tpu-export serve` child from its exec to its first answer: seconds to ready (every signature compiled
+    or loaded) and to the first 200; the answer's max abs error against torch eager."""
+    import httpx
+    import numpy as np
+
+    port = _port()
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", f"resnet50={art}", "--max-batch", "1", "--port",
+                             str(port), "--log-level", "warning"], cwd=ROOT, env=env)
+    try:
+        while True:
+            assert proc.poll() is None, "the server exited"
+            try:
+                if httpx.get(f"{base}/v2/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        ready = time.perf_counter() - t0
+        r = httpx.post(f"{base}/v2/models/resnet50/infer", content=body, timeout=600,
+                       headers={"content-type": "application/json"})
+        first = time.perf_counter() - t0
+        r.raise_for_status()
+        err = float(np.abs(np.asarray(r.json()["outputs"][0]["data"]) - want).max())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    return {"ready_s": ready, "first_response_s": first, "max_abs_err_vs_torch": err}
+
+
+def _executable_roundtrip(art: str) -> dict:
+    """The PJRT CPU executable of the artifact's serving signature, compiled in this process, serialized to bytes
+    and deserialized again: compile and load times, its size, and whether the loaded one computes the same (random
+    inputs for every argument, weights included)."""
+    import jax
+    import numpy as np
+    from jax._src.lib import xla_client as xc
+
+    from tpu_export.tpu_backend.artifact.load import read_artifact
+
+    exported = read_artifact(os.path.join(art, "model.tpuexp")).signatures["serving_default"].exported
+    avals = exported.in_avals
+    args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree,
+                                                [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals])
+    t0 = time.perf_counter()
+    compiled = jax.jit(exported.call).lower(*args, **kwargs).compile()
+    compile_s = time.perf_counter() - t0
+    raw = bytes(compiled.runtime_executable().serialize())
+    dev = jax.devices()[0]
+    t0 = time.perf_counter()
+    loaded = dev.client.deserialize_executable(raw, xc.DeviceList((dev,)))
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    flat = [jax.device_put(rng.standard_normal(a.shape).astype(a.dtype)) for a in avals]
+    args, kwargs = jax.tree_util.tree_unflatten(exported.in_tree, flat)
+    want = np.asarray(jax.tree_util.tree_leaves(compiled(*args, **kwargs))[0])
+    got = np.asarray(loaded.execute_sharded(flat).disassemble_into_single_device_arrays()[0][0])
+    return {"compile_s": compile_s, "deserialize_s": load_s, "executable_mb": len(raw) / 2**20,
+            "same_output": bool(np.array_equal(got, want)), "platform": dev.platform, "jax": jax.__version__}
+
+
+def main_cold_start(a) -> int:
+    """Cold start of `tpu-export serve` (process start to first response) compiling the StableHLO (JIT) against
+    loading serialized PJRT CPU executables (jax's persistent compilation cache, filled by one priming run)."""
+    import numpy as np
+    import torch
+
+    import tpu_export
+    from bench.real_models import build_real
+
+    model, _ = build_real("resnet50")
+    work = tempfile.mkdtemp(prefix="serve-cold-")
+    tpu_export.convert(model, (torch.zeros(1, 3, 224, 224),), targets={"tpu-v6e": {"aot": False}},
+                       out_dir=os.path.join(work, "out"))
+    art = os.path.join(work, "out", "tpu-v6e")
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    with torch.no_grad():
+        want = model(torch.from_numpy(x)).numpy().ravel()
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 3, 224, 224], "datatype": "FP32",
+                                   "data": x.ravel().tolist()}]}).encode()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE",
+                                                                         "JAX_PERSISTENT_CACHE"))}
+    cache = os.path.join(work, "jax-cache")
+    envs = {"jit": {**base_env, "JAX_ENABLE_COMPILATION_CACHE": "false"},
+            "aot": {**base_env, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}}
+    prime = _cold_start_once(art, envs["aot"], body, want)  # compiles and writes the executables
+    entries = sorted(os.listdir(cache))
+    cache_mb = sum(os.path.getsize(os.path.join(cache, e)) for e in entries) / 2**20
+    print(json.dumps({"prime": prime, "cache_entries": len(entries), "cache_mb": cache_mb}), flush=True)
+    runs = []
+    for i in range(a.cold_runs):
+        for mode in (("jit", "aot") if i % 2 == 0 else ("aot", "jit")):  # alternated: drift in load hits both
+            row = {"mode": mode, "round": i, **_cold_start_once(art, envs[mode], body, want),
+                   "loadavg": os.getloadavg()[0]}
+            runs.append(row)
+            print(json.dumps(row), flush=True)
+    assert sorted(os.listdir(cache)) == entries, "a cached run compiled something new"
+    summary = {m: {k: statistics.median(r[k] for r in runs if r["mode"] == m) for k in ("ready_s", "first_response_s")}
+               for m in ("jit", "aot")}
+    roundtrip = _executable_roundtrip(art)
+    print(json.dumps({"summary": summary, "roundtrip": roundtrip}), flush=True)
+    result = {}
+    if os.path.exists(a.out):
+        with open(a.out) as f:
+            result = json.load(f)
+    result["cold_start"] = {
+        "command": " ".join(["bench/serve.py", *sys.argv[1:]]),
+        "model": "resnet50 (25.6M params, random weights), batch 1, 224x224, tpu-v6e artifact without TPU AOT",
+        "jit": "the artifact's StableHLO compiled by PJRT CPU when the server starts (what serve does today)",
+        "aot": "serialized PJRT CPU executables loaded from jax's persistent compilation cache, filled by one "
+               "priming run (an artifact carries TPU executables only; none for the CPU)",
+        "cache_entries": len(entries), "cache_mb": cache_mb, "prime": prime, "median": summary,
+        "speedup_first_response": summary["jit"]["first_response_s"] / summary["aot"]["first_response_s"],
+        "executable_roundtrip": roundtrip,
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
+                 "python": platform.python_version()},
+        "runs": runs}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)
@@ -267,9 +426,14 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64, help="LM: new tokens per request")
     ap.add_argument("--lm-layers", type=int, default=12, help="LM: layers (12; fewer for a smoke run)")
     ap.add_argument("--lm-hidden", type=int, default=768, help="LM: hidden size (768; less for a smoke run)")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="cold start: process start to first response, compiling (JIT) vs stored executables")
+    ap.add_argument("--cold-runs", type=int, default=3, help="cold start: runs of each mode, alternated")
     a = ap.parse_args()
     if a.lm:
         return main_lm(a)
+    if a.cold_start:
+        return main_cold_start(a)
 
     import numpy as np
     import torch
@@ -323,7 +487,7 @@ def main() -> int:
               "convert_s": convert_s,
               "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "loadavg_at_end": os.getloadavg(),
                        "python": platform.python_version()},
-              "rows": rows, **({"lm": previous["lm"]} if "lm" in previous else {})}
+              "rows": rows, **{k: previous[k] for k in ("lm", "cold_start") if k in previous}}
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(result, f, indent=2)

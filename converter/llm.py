@@ -41,6 +41,11 @@ batching, beside the batch-1 ``prefill_<L>`` and ``decode`` above (unchanged):
 - ``insert_slot``: ``slot`` int32 [1], the B-row caches and ``new_kv_cache_k_<i>`` / ``new_kv_cache_v_<i>`` (a
   request's batch-1 caches, as its ``prefill_<L>`` calls returned them); returns the B-row caches with row ``slot``
   replaced by the request's (a dynamic-update-slice on axis 0).
+- ``slots_prefill_<L>`` for each prefill length L: ``tokens`` int32 [k, L], ``input_pos`` int32 [L] (the chunk's
+  positions, shared by the k requests), ``rows`` int32 [k] (k = ``slots_prefill_rows(B)``), the B-row caches;
+  prefills k requests' chunks at once, each into its row (the rows read, prefilled at batch k, written back), no
+  logits. A row listed twice gets the same tokens both times. On a CPU a call's cost is mostly reading the weights
+  once, so k requests prefilled in one call cost about as much as two or three prefilled alone.
 
 A request is prefilled alone at batch 1, inserted into a free row, then decoded with the others, each row at its own
 length; a row's stale slots past its position are never read, so a row is reused without clearing it.
@@ -64,7 +69,8 @@ from .llm_mla import mla_attention, mla_cache_widths
 from .llm_ops import cache_write, grouped_attention
 from .pipeline import SignatureRequest, prepare_many
 
-__all__ = ["CACHE_PROTOCOL", "CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm", "slot_sizes"]
+__all__ = ["CACHE_PROTOCOL", "CacheSpec", "KVCacheLM", "lm_requests", "prepare_lm", "slot_sizes",
+           "slots_prefill_rows"]
 
 CACHE_PROTOCOL = 2  # lm.json's cache_protocol: 1 the batch-1 signatures alone, 2 adds decode_slots / insert_slot
 
@@ -492,7 +498,27 @@ class _InsertSlot(torch.nn.Module):
         return {n: cache_write(caches[n], caches[f"new_{n}"], slot, 0) for n in self.names}
 
 
-SLOT_SIGNATURES = ("decode_slots", "insert_slot")  # and decode_slots_<k> (slot_sizes)
+class _SlotsPrefill(torch.nn.Module):
+    """``slots_prefill_<L>``: the chunks of ``k`` requests prefilled at batch k (``lm``, without logits) into their
+    rows ``rows`` of the B-row caches: the rows read (index_select), prefilled, written back one row each (a
+    dynamic-update-slice on axis 0, in place when the B-row caches are donated)."""
+
+    def __init__(self, lm, names):
+        super().__init__()
+        self.lm, self.names = lm, list(names)
+
+    def forward(self, tokens, input_pos, rows, **caches):
+        out = self.lm(tokens, input_pos, **{n: caches[n].index_select(0, rows) for n in self.names})
+        written = {}
+        for n in self.names:
+            c = caches[n]
+            for i in range(tokens.shape[0]):
+                c = cache_write(c, out[n][i:i + 1], rows[i:i + 1], 0)
+            written[n] = c
+        return written
+
+
+SLOT_SIGNATURES = ("decode_slots", "insert_slot")  # and decode_slots_<k> (slot_sizes), slots_prefill_<L>
 
 
 def lm_requests(lm: KVCacheLM, prefill_lengths, *, prefill_logits: bool = True,
@@ -510,11 +536,11 @@ def lm_requests(lm: KVCacheLM, prefill_lengths, *, prefill_logits: bool = True,
         args = (torch.zeros(lm.spec.batch, t, dtype=torch.int32), torch.arange(t, dtype=torch.int32))
         reqs.append(SignatureRequest(name, lm if name == "decode" else prefill, args, lm.spec.zeros()))
     if slots is not None:
-        reqs += _slot_requests(lm, int(slots))
+        reqs += _slot_requests(lm, int(slots), lengths)
     return reqs
 
 
-def _slot_requests(lm: KVCacheLM, slots: int) -> list[SignatureRequest]:
+def _slot_requests(lm: KVCacheLM, slots: int, lengths=()) -> list[SignatureRequest]:
     if not isinstance(lm, KVCacheLM) or lm.spec.batch != 1:
         raise ValueError("slots need a KVCacheLM of batch 1 (its prefill and decode signatures serve one request)")
     if slots < 1:
@@ -526,7 +552,20 @@ def _slot_requests(lm: KVCacheLM, slots: int) -> list[SignatureRequest]:
     insert = SignatureRequest("insert_slot", _InsertSlot(rows.spec.names()).eval(),
                               (torch.zeros(1, dtype=torch.int32),),
                               {**rows.spec.zeros(), **{f"new_{n}": t for n, t in lm.spec.zeros().items()}})
-    return [*reqs, insert]
+    k = slots_prefill_rows(slots)
+    many = _SlotsPrefill(KVCacheLM(lm.model, lm.spec.cache_len, lm.spec.dtype, batch=k), rows.spec.names()).eval()
+    prefill = [SignatureRequest(f"slots_prefill_{n}", many, (torch.zeros(k, n, dtype=torch.int32),
+                                                             torch.arange(n, dtype=torch.int32),
+                                                             torch.arange(k, dtype=torch.int32)), rows.spec.zeros())
+               for n in lengths]
+    return [*reqs, insert, *prefill]
+
+
+def slots_prefill_rows(slots: int) -> int:
+    """The requests one ``slots_prefill_<L>`` call prefills: 8 (``slots`` when fewer). On a CPU a prefill call
+    costs a fixed part (reading every weight) plus a part per token; 8 requests at once share the fixed part
+    without making one call so long that the rows decoding meanwhile wait long."""
+    return min(8, int(slots))
 
 
 def slot_sizes(slots: int) -> list[int]:

@@ -269,11 +269,12 @@ def _slots(resolved, opts) -> int | None:
 
 
 def _without(prog, names):
-    """``prog`` without the signatures ``names`` and ``decode_slots_<k>`` (the same weights, shared)."""
+    """``prog`` without the signatures ``names``, ``decode_slots_<k>`` and ``slots_prefill_<L>`` (the same
+    weights, shared)."""
     import dataclasses
 
-    return dataclasses.replace(prog, signatures={n: s for n, s in prog.signatures.items()
-                                                 if n not in names and not n.startswith("decode_slots_")})
+    return dataclasses.replace(prog, signatures={n: s for n, s in prog.signatures.items() if n not in names
+                                                 and not n.startswith(("decode_slots_", "slots_prefill_"))})
 
 
 def capture_lm(src: LmSource, prefill_lengths, cache_len: int | None, slots: int | None = None):

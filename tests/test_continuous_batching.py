@@ -81,6 +81,8 @@ def test_lm_json_names_the_slots_and_the_protocol(lm_folder):
     inputs = dict((n, s) for n, s, _ in summary["signatures"]["decode_slots"]["inputs"])
     assert inputs["tokens"] == [SLOTS, 1] and inputs["input_pos"] == [SLOTS]
     assert summary["signatures"]["decode_slots_4"]["inputs"][1][1] == [4]
+    prefill = dict((n, s) for n, s, _ in summary["signatures"]["slots_prefill_8"]["inputs"])
+    assert prefill["tokens"] == [SLOTS, 8] and prefill["input_pos"] == [8] and prefill["rows"] == [SLOTS]
 
 
 def test_slotted_requests_match_solo_generate_and_transformers(gen, model_dir):
@@ -99,6 +101,72 @@ def test_slotted_requests_match_solo_generate_and_transformers(gen, model_dir):
     for p, s, seq in zip(PROMPTS, SAMPLERS, seqs):
         if s.greedy:
             assert seq.tokens == _hf_greedy(model_dir, p, NEW)
+
+
+def test_requests_arriving_together_are_prefilled_in_one_call(gen, model_dir):
+    """Three prompts that fit prefill_8 arrive together: one slots_prefill_8 call writes each into its row (the
+    two spare rows of the call repeat the first); the next decode step's logits of each row are transformers'
+    forward over its prompt (within 1e-4), and each generation equals its solo generate, greedy and seeded."""
+    import torch
+    import transformers
+
+    from tpu_export.serve._slots import SlotSeq
+
+    prompts = ["hello world", "cache keys values", "x y z w"]
+    samplers = [Sampling(), Sampling(temperature=0.8, seed=1), Sampling()]
+    stops = _stops(gen)
+    engine = _engine(gen)
+    assert engine.many == {8: SLOTS}
+    seqs = [SlotSeq(gen.encode(p), NEW, s.picker(), stops) for p, s in zip(prompts, samplers)]
+    for seq in seqs:
+        assert engine.add(seq)
+    assert engine._prefill_many() == seqs and engine.calls["slots_prefill_8"] == 1 and not engine.prefilling
+    tokens = torch.zeros(4, 1, dtype=torch.int32)
+    pos = torch.zeros(4, dtype=torch.int32)
+    for seq in seqs:
+        tokens[seq.slot, 0], pos[seq.slot] = seq.feed, seq.pos
+    out = engine.program.run_on_device(tokens, pos, signature_name="decode_slots_4", **engine.caches)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        for seq in seqs:
+            ref = model(torch.tensor([seq.ids])).logits[0, -1].numpy()
+            assert np.abs(np.asarray(out["logits"])[seq.slot, 0] - ref).max() < 1e-4
+
+    engine = _engine(gen)
+    seqs = [SlotSeq(gen.encode(p), NEW, s.picker(), stops) for p, s in zip(prompts, samplers)]
+    engine.run(seqs)
+    assert engine.calls["slots_prefill_8"] == 1 and all(seq.in_row for seq in seqs)
+    for p, s, seq in zip(prompts, samplers, seqs):
+        assert seq.tokens == generate_ids(gen.runtime, gen.spec, gen.encode(p), NEW, sampling=s,
+                                          eos_token_id=stops).tokens
+        if s.greedy:
+            assert seq.tokens == _hf_greedy(model_dir, p, NEW)
+
+
+def test_a_long_prompts_last_chunk_is_not_prefilled_with_new_ones(gen):
+    """A prompt of two prefill_8 chunks has its first one done when three short prompts arrive: they share one
+    slots_prefill_8 call, its last chunk goes on from its own caches; every generation equals its solo generate."""
+    from tpu_export.serve._slots import SlotSeq
+
+    stops = _stops(gen)
+    engine = _engine(gen)
+    prompts = [PROMPTS[0], PROMPTS[1], "cache keys values", "x y z w", "hello world"]
+    seqs = [SlotSeq(gen.encode(p), NEW, s.picker(), stops) for p, s in zip(prompts, SAMPLERS)]
+    assert engine.add(seqs[0])
+    engine.step()
+    assert engine.solo is seqs[0]
+    assert engine.add(seqs[1])
+    engine.step()  # the long prompt's first chunk
+    assert len(seqs[1].plan) == 1 and seqs[1].plan[0][0] > 0
+    for seq in seqs[2:]:
+        assert engine.add(seq)
+    engine.step()
+    assert engine.calls["slots_prefill_8"] == 1 and [s.in_row for s in seqs] == [False, False, True, True, True]
+    while engine.decoding or engine.prefilling or engine.solo is not None:
+        engine.step()
+    for p, s, seq in zip(prompts, SAMPLERS, seqs):
+        assert seq.tokens == generate_ids(gen.runtime, gen.spec, gen.encode(p), NEW, sampling=s,
+                                          eos_token_id=stops).tokens
 
 
 def test_a_request_joins_mid_stream(gen):

@@ -3,7 +3,10 @@ runs up to B generations in the rows of one ``decode_slots`` call, each at its o
 puts the server's requests into its rows as they arrive and takes them out as they end, between decode steps.
 
 A request is prefilled alone (the batch-1 ``prefill_<L>`` signatures, in the chunks of ``prefill_plan``), its caches
-are copied into a free row (``insert_slot``), then every decode step feeds each busy row its last token at its own
+are copied into a free row (``insert_slot``); or, where several requests whose prompts fit one prefill length arrive
+together, k of them are prefilled in one call straight into their rows (``slots_prefill_<L>``: on a CPU a prefill
+call's cost is mostly reading the weights once, so 8 requests in one call cost about what 3 alone do). Then every
+decode step feeds each busy row its last token at its own
 position and samples each row's next token on the host with the request's own sampler (``Sampling.picker``, the
 one ``generate`` uses): the same prefill, the same sampler and RNG stream as a solo ``generate``. A free row runs
 too (token 0 at position 0) and is ignored: each row is computed from its own inputs only.
@@ -40,6 +43,7 @@ class SlotSeq:
     caches: dict | None = None  # batch-1 caches while prefilling
     feed: int = 0  # the token the next decode step feeds this row, at position ``pos``
     pos: int = 0
+    in_row: bool = False  # prefilled straight into its row (slots_prefill_<L>): it decodes in decode_slots
 
 
 class SlotEngine:
@@ -71,6 +75,9 @@ class SlotEngine:
         self.sizes = sorted({int(n[len("decode_slots_"):]) for n in names if n.startswith("decode_slots_")
                              and n[len("decode_slots_"):].isdigit() and int(n[len("decode_slots_"):]) < self.slots}
                             | {self.slots})
+        # slots_prefill_<L>: L -> the requests one call prefills into their rows
+        self.many = {int(n[len("slots_prefill_"):]): int(self.program.signature(n).inputs[0].shape[0])
+                     for n in names if n.startswith("slots_prefill_") and n[len("slots_prefill_"):].isdigit()}
         self.caches = None  # the B-row caches; device arrays after the first call, donated to each next one
         # the rows handed out (``rows``: at most that many of the B; the others stay free and ignored)
         self.free = list(range(min(self.slots, rows or self.slots) - 1, -1, -1))
@@ -120,7 +127,7 @@ class SlotEngine:
         that the rows decoding meanwhile wait for one chunk at a time. A request decoding alone runs the batch-1
         ``decode`` (what ``generate`` runs, and on a CPU far cheaper than B rows); the step another one is ready,
         its caches go into its row and both decode in ``decode_slots``."""
-        ready = []
+        ready = self._prefill_many()
         while self.prefilling:
             for seq in list(self.prefilling):
                 if seq.plan:
@@ -130,7 +137,7 @@ class SlotEngine:
                     ready.append(seq)
             if self.decoding or self.solo is not None or ready:
                 break
-        if self.solo is None and not self.decoding and len(ready) == 1:
+        if self.solo is None and not self.decoding and len(ready) == 1 and not ready[0].in_row:
             self.solo = ready.pop()
             if self.solo.caches is None:  # a 1-token prompt: nothing prefilled
                 self.solo.caches = self.spec.zeros()
@@ -143,6 +150,41 @@ class SlotEngine:
         if self.solo is not None:
             return self._decode_solo()
         return self._decode() if self.decoding else []
+
+    def _prefill_many(self) -> list:
+        """The requests waiting whose whole prompt fits one prefill length L, k at a time in ``slots_prefill_<L>``
+        calls straight into their rows, where at least half of a call's k rows are real requests (fewer are
+        cheaper prefilled alone; the spare rows repeat the first request); returns them, ready to decode."""
+        import torch
+
+        groups: dict = {}
+        for seq in self.prefilling:
+            # the whole prompt in one chunk from position 0: a later chunk of a longer one reads its own
+            # batch-1 caches, not its row
+            if len(seq.plan) == 1 and seq.plan[0][0] == 0 and seq.plan[0][2] in self.many:
+                groups.setdefault(seq.plan[0][2], []).append(seq)
+        ready = []
+        for L, seqs in groups.items():
+            k = self.many[L]
+            while len(seqs) >= max(2, (k + 1) // 2):
+                batch, seqs = seqs[:k], seqs[k:]
+                fill = batch + [batch[0]] * (k - len(batch))
+                tokens = torch.tensor([s.ids[:s.plan[0][1]] + [0] * (L - s.plan[0][1]) for s in fill],
+                                      dtype=torch.int32)
+                # one position row for the k prompts: 0..L-1. A real token's keys and values depend on its own
+                # position and the slots before it only, so they are the batch-1 prefill's; the pad slots past a
+                # prompt hold other values than there, and are overwritten (decode) before they are read.
+                pos = torch.arange(L, dtype=torch.int32)
+                self._ensure_caches()
+                out = self.program.run_on_device(tokens, pos, torch.tensor([s.slot for s in fill], dtype=torch.int32),
+                                                 signature_name=f"slots_prefill_{L}", **self.caches)
+                self.calls[f"slots_prefill_{L}"] += 1
+                self.caches = {n: out[n] for n in self.rows.names()}
+                for s in batch:
+                    s.plan, s.caches, s.in_row = [], None, True
+                    self.prefilling.remove(s)
+                    ready.append(s)
+        return ready
 
     def _prefill_chunk(self, seq: SlotSeq) -> None:
         import torch
@@ -230,13 +272,19 @@ class SlotEngine:
         return True
 
     def warm_up(self) -> None:
-        """Run insert_slot and decode_slots once on zeros (PJRT compiles a signature on its first call)."""
+        """Run insert_slot, slots_prefill_<L> and decode_slots once on zeros (PJRT compiles a signature on its
+        first call)."""
         import torch
 
         self._ensure_caches()
         new = {f"new_{n}": v for n, v in self.spec.zeros().items()}
         self.caches = dict(self.program.run_on_device(torch.zeros(1, dtype=torch.int32), signature_name="insert_slot",
                                                       **self.caches, **new))
+        for L, k in self.many.items():
+            out = self.program.run_on_device(torch.zeros(k, L, dtype=torch.int32), torch.arange(L, dtype=torch.int32),
+                                             torch.arange(k, dtype=torch.int32), signature_name=f"slots_prefill_{L}",
+                                             **self.caches)
+            self.caches = {n: out[n] for n in self.rows.names()}
         for k in self.sizes:
             out = self.program.run_on_device(torch.zeros(k, 1, dtype=torch.int32), torch.zeros(k, dtype=torch.int32),
                                              signature_name="decode_slots" if k == self.slots else f"decode_slots_{k}",
