@@ -90,7 +90,8 @@ def ensure_peer() -> str:
     py = os.path.join(PEER_VENV, "bin", "python")
     if not os.path.exists(py):
         subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True)
-    r = subprocess.run([py, "-c", "import litert_torch, tensorflow, importlib.metadata as m; "
+    # -P: from the checkout, `import litert_torch` would find the repository's own litert_torch/ folder
+    r = subprocess.run([py, "-P", "-c", "import litert_torch, tensorflow, importlib.metadata as m; "
                         "print(m.version('litert-torch'))"], capture_output=True, text=True)
     if r.returncode != 0 or not r.stdout.strip().startswith("0.10.0"):
         # torch pinned to the local CPU wheel (an unpinned one pulls CUDA); export_hf imports TensorFlow undeclared
@@ -223,7 +224,8 @@ def convert(impl: str, peer_py: str, model_dir: str, out: str, quant: str, cache
     else:
         cmd = [peer_py, os.path.join(ROOT, "bench", "_llm_peer_worker.py"), model_dir, out, "32", str(cache),
                PEER_RECIPES[quant]]
-        info = run_measured(cmd, rss_limit_mb=rss_limit_mb)
+        # transformers' hub kernels (its `kernels` package) break the peer's patched Gemma 3 import; not used here
+        info = run_measured(cmd, env={**os.environ, "USE_HUB_KERNELS": "0"}, rss_limit_mb=rss_limit_mb)
         if "error" in info:
             info.pop("bundle", None)
         else:

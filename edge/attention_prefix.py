@@ -15,6 +15,14 @@ Every subgraph takes (pos, q, k, v, mask) and returns the attention output; the 
 with the same shapes. The slots past the position are masked (the cache protocol, converter/llm.py), so leaving
 them out changes nothing: the softmax's masked terms are exp(-inf) = 0. The TPU backend reads only the visible
 blocks in its decode kernel (tpu_backend/pallas/decode_attention.py); this is the same idea within LiteRT's ops.
+
+A sliding-window layer's decode reads the ``W`` slots of its window, gathered from the cache (converter/llm.py's
+``KVCacheLM._window``: start ``clamp(pos - W + 1, 0, S - W)``). Before position ``W`` that start is 0, so the window
+is the cache's first ``W`` slots and its mask reads slot by slot: the same chain over prefixes of at most ``W``
+slots serves it without the gather (a copy of ``W`` slots of K and of V per layer and step, by TFLite's builtin
+GATHER between two XNNPACK partitions), and only the chain's last else gathers the window:
+
+    window(W):   GATHER the window's slots of K and V, then the attention over them with the whole mask
 """
 
 from __future__ import annotations
@@ -46,27 +54,35 @@ def _plain(v: Val) -> bool:
     return not v.is_const and v.tensor is not None and tuple(v.perm) == L.identity(v.rank) and v.static
 
 
-def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val) -> Val | None:
+def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val, window: Val | None = None
+                     ) -> Val | None:
     """The decode attention ``softmax(qs @ k^T + mask) @ v`` (qs already scaled, grouped heads folded into rows)
     through the IF chain above, or None when the operands are not the plain static tensors it handles (the caller
-    then emits the attention over every slot). ``pos_first``: int32 [1], the token's cache slot."""
+    then emits the attention over every slot). ``pos_first``: int32 [1], the token's cache slot. ``window``: a
+    sliding layer's int32 [W] window slots (W < the cache's slots; ``mask`` is then over those W slots): the chain
+    over prefixes of at most W slots, and the window gathered in its last else (see above)."""
     s_len = k.shape[-2] if k.rank >= 2 else None
-    lengths = prefix_lengths(s_len) if isinstance(s_len, int) else []
-    if not lengths or not all(_plain(x) for x in (qs, k, v, mask)) or not _plain(pos_first):
+    span = s_len if window is None else window.shape[0]  # the slots the mask covers
+    lengths = prefix_lengths(span) if isinstance(s_len, int) and isinstance(span, int) else []
+    operands = (qs, k, v, mask) + (() if window is None else (window,))
+    if not lengths or not all(_plain(x) for x in operands) or not _plain(pos_first):
         return None
-    if k.rank != 4 or v.shape[:-1] != k.shape[:-1] or mask.shape[-1] != s_len or qs.shape[-1] != k.shape[-1]:
+    if k.rank != 4 or v.shape[:-1] != k.shape[:-1] or mask.shape[-1] != span or qs.shape[-1] != k.shape[-1]:
         return None
     if qs.dtype != np.float32 or k.dtype != np.float32 or v.dtype != np.float32 or mask.dtype != np.float32:
         return None
+    if window is not None and (window.rank != 1 or window.dtype != np.int32 or span >= s_len):
+        return None
     out_shape = tuple(qs.shape[:-1]) + (v.shape[-1],)
-    key = ("prefix_attention", qs.shape, k.shape, v.shape, mask.shape)
+    key = ("prefix_attention", qs.shape, k.shape, v.shape, mask.shape, span if window is not None else None)
     chooser = lw.model.memo.get(key)  # the same subgraphs for every layer and signature with these shapes
     if chooser is None:
-        chooser = _Chain(lw.model, qs.shape, k.shape, v.shape, mask.shape, out_shape, lengths).first
+        chooser = _Chain(lw.model, qs.shape, k.shape, v.shape, mask.shape, out_shape, lengths,
+                         window=window is not None).first
         lw.model.memo[key] = chooser
     cond = lw.op("LESS", [lw.tensor(pos_first), lw.tensor(lw.const(np.array([lengths[0]], np.int32)))], (1,),
                  np.bool_, suffix="prefix_cond")
-    ins = [lw.tensor(cond)] + [lw.tensor(x) for x in (pos_first, qs, k, v, mask)]
+    ins = [lw.tensor(cond)] + [lw.tensor(x) for x in (pos_first,) + operands]
     then, other = chooser
     return lw.op("IF", ins, out_shape, np.float32, suffix="prefix_attention",
                  opts=lw.options("If", thenSubgraphIndex=then, elseSubgraphIndex=other))
@@ -75,20 +91,26 @@ def prefix_attention(lw, qs: Val, k: Val, v: Val, mask: Val, pos_first: Val) -> 
 class _Chain:
     """The subgraphs of one shape signature: ``first`` = (then, else) subgraph indices of the main graph's IF."""
 
-    def __init__(self, model, q_shape, k_shape, v_shape, m_shape, out_shape, lengths):
+    def __init__(self, model, q_shape, k_shape, v_shape, m_shape, out_shape, lengths, window: bool = False):
         self.model = model
+        self.names = ["pos", "q", "k", "v", "mask"]
         self.shapes = [(1,), q_shape, k_shape, v_shape, m_shape]
         self.dtypes = [np.int32, np.float32, np.float32, np.float32, np.float32]
+        if window:  # every subgraph also takes the window's slots, read by the last else
+            self.names.append("window")
+            self.shapes.append((m_shape[-1],))
+            self.dtypes.append(np.int32)
         self.out_shape = out_shape
         prefixes = [self._prefix(b, k_shape[-2]) for b in lengths]
-        other = prefixes[-1]
-        for i in range(len(lengths) - 2, 0, -1):  # choose(i) for i = n-1 .. 2, innermost first
+        # the last prefix is the whole cache, or with a window, the window's slots while they are the first ones
+        other, last = (self._window(), len(lengths) - 1) if window else (prefixes[-1], len(lengths) - 2)
+        for i in range(last, 0, -1):  # choose(i) for i = last .. 1, innermost first
             other = self._choose(lengths[i], prefixes[i], other)
         self.first = (prefixes[0], other)
 
     def _subgraph(self, name):
         sg = self.model.subgraph(name)
-        sg.inputs = [sg.tensor(n, s, d) for n, s, d in zip(("pos", "q", "k", "v", "mask"), self.shapes, self.dtypes)]
+        sg.inputs = [sg.tensor(n, s, d) for n, s, d in zip(self.names, self.shapes, self.dtypes)]
         return sg, len(self.model.subgraphs) - 1
 
     @staticmethod
@@ -97,11 +119,14 @@ class _Chain:
 
     def _prefix(self, b: int, s_len: int) -> int:
         sg, index = self._subgraph(f"decode_attention_prefix_{b}")
-        _, q, k, v, m = sg.inputs
+        _, q, k, v, m = sg.inputs[:5]
         if b < s_len:
             cut = []
-            # K and V cut along their slot axis (-2), the mask along its last
+            # K and V cut along their slot axis (-2), the mask along its last (unless it is b long: a window's)
             for t, shape, axis in ((k, self.shapes[2], -2), (v, self.shapes[3], -2), (m, self.shapes[4], -1)):
+                if shape[axis] == b:
+                    cut.append(t)
+                    continue
                 axis %= len(shape)
                 size = [-1] * len(shape)
                 size[axis] = b
@@ -111,6 +136,23 @@ class _Chain:
                          options("Slice"))
                 cut.append(out)
             k, v, m = cut
+        self._attention(sg, q, k, v, m, b)
+        return index
+
+    def _window(self) -> int:
+        """The window's attention: its slots of K and V gathered (axis 2), then the attention with the whole mask."""
+        sg, index = self._subgraph("decode_attention_window")
+        _, q, k, v, m, slots = sg.inputs
+        w = self.shapes[5][0]
+        cut = []
+        for t, shape in ((k, self.shapes[2]), (v, self.shapes[3])):
+            out = sg.tensor("window", tuple(shape[:2]) + (w,) + tuple(shape[3:]), np.float32)
+            self._op(sg, "GATHER", [t, slots], [out], options("Gather", axis=2))
+            cut.append(out)
+        self._attention(sg, q, *cut, m, w)
+        return index
+
+    def _attention(self, sg, q, k, v, m, b: int) -> None:
         s_shape = tuple(self.shapes[1][:-1]) + (b,)
         scores = sg.tensor("scores", s_shape, np.float32)
         self._op(sg, "BATCH_MATMUL", [q, k], [scores], options("BatchMatMul", adjX=False, adjY=True))
@@ -121,7 +163,6 @@ class _Chain:
         out = sg.tensor("attention", self.out_shape, np.float32)
         self._op(sg, "BATCH_MATMUL", [probs, v], [out], options("BatchMatMul", adjX=False, adjY=False))
         sg.outputs = [out]
-        return index
 
     def _choose(self, b: int, then: int, other: int) -> int:
         sg, index = self._subgraph(f"decode_attention_choose_{b}")

@@ -45,7 +45,10 @@ def sdpa(lw, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
         qs = lw.reshape(qs, qd[:-3] + [hk, sym_binary(operator.mul, rep, qd[-2]), e])
     scores_shape = tuple(qs.shape[:-1]) + (S,)
     if L_ == 1 and len(masks) == 1 and (folded or rep == 1):  # a decode step: read only the filled prefix
-        o = _decode_prefix(lw, qs, k, v, _grouped_mask(lw, masks[0], rep) if folded else masks[0])
+        mask = _grouped_mask(lw, masks[0], rep) if folded else masks[0]
+        o = _decode_prefix(lw, qs, k, v, mask)
+        if o is None:
+            o = _decode_window(lw, qs, k, v, mask)
         if o is not None:
             return lw.reshape(o, qd[:-1] + [v.shape[-1]]) if rep > 1 else o
     s = batch_matmul(lw, qs, Val(k.shape[:-2] + (k.shape[-1], S), k.dtype, _swap_last(k.perm), tensor=k.tensor,
@@ -73,6 +76,26 @@ def _decode_prefix(lw, qs: Val, k: Val, v: Val, mask: Val) -> Val | None:
     if at is None or lw.memo.get(("cache_written_at", v.tensor)) is not at:
         return None
     return prefix_attention(lw, qs, k, v, mask, at)
+
+
+def _decode_window(lw, qs: Val, k: Val, v: Val, mask: Val) -> Val | None:
+    """A sliding layer's decode over its window gathered from this signature's cache writes (ops_index's
+    index_select): edge.attention_prefix's chain over the cache's first slots while the window is those, the
+    window's GATHERs moved into the chain's last else (dropped from this graph: nothing else reads them)."""
+    wk, wv = lw.memo.get(("cache_window", k.tensor)), lw.memo.get(("cache_window", v.tensor))
+    if wk is None or wv is None or k.users != 1 or v.users != 1 or wk[1].tensor != wv[1].tensor:
+        return None
+    (ck, slots, gk), (cv, _, gv) = wk, wv
+    at = lw.memo.get(("cache_written_at", ck.tensor))
+    if at is None or lw.memo.get(("cache_written_at", cv.tensor)) is not at:
+        return None
+    ops = lw.sg.operators
+    if not any(o is gk for o in ops) or not any(o is gv for o in ops):
+        return None
+    o = prefix_attention(lw, qs, ck, cv, mask, at, window=slots)
+    if o is not None:
+        ops[:] = [op for op in ops if op is not gk and op is not gv]
+    return o
 
 
 def _foldable(m: Val) -> bool:

@@ -40,12 +40,27 @@ def index_select(lw, x, dim, index):
     out = _gather(lw, x, dim, index)
     op = lw.sg.operators[-1]
     if dim == x.rank - 2 and not index.is_const and lw.memo.get(("cache_written_at", x.tensor)) is not None and \
-            list(op.outputs) == [out.tensor]:
+            list(op.outputs) == [out.tensor] and _window_from_zero(lw.node.args[2], index.shape[0], x.shape[dim]):
         # a sliding layer's decode window of a KV cache: its attention may read the cache instead and drop this
         # GATHER (edge.attention_prefix; ops_attention._decode_window)
         slots = Val((index.shape[0],), np.dtype(np.int32), (0,), tensor=op.inputs[1])
         lw.memo[("cache_window", out.tensor)] = (x, slots, op)
     return out
+
+
+def _window_from_zero(node, w, s) -> bool:
+    """``node`` computes ``clamp(pos - (w - 1), 0, s - w) + <a constant of w>`` (converter.llm's
+    ``KVCacheLM._window``, its constant the arange): w slots that are the first w of the cache while pos < w."""
+    if not isinstance(w, int) or not isinstance(s, int) or getattr(node, "target", None) != aten.add.Tensor:
+        return False
+    clamp = [a for a in node.args if getattr(a, "target", None) == aten.clamp.default]
+    other = [a for a in node.args if a is not (clamp[0] if clamp else None)]
+    if len(clamp) != 1 or len(other) != 1 or list(clamp[0].args[1:]) != [0, s - w]:
+        return False
+    sub, const = clamp[0].args[0], other[0]
+    val = const.meta.get("val") if hasattr(const, "meta") else None
+    return getattr(sub, "target", None) == aten.sub.Tensor and sub.args[1] == w - 1 and \
+        const.op in ("placeholder", "get_attr") and val is not None and tuple(val.shape) == (w,)
 
 
 def _unit_runs(index, n, most: int = 2):
