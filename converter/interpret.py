@@ -33,7 +33,18 @@ def _widen(v):
     return v
 
 
+# ops that take int64 indices natively: their int32 indices are widened before the call, since torch 2.13's CPU
+# gather reads an expanded (stride-0) int32 index wrongly (Funnel's relative-position table, folded at conversion)
+_INDEX_OPS = frozenset({
+    torch.ops.aten.gather.default, torch.ops.aten.scatter.src, torch.ops.aten.scatter.value,
+    torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_reduce.two, torch.ops.aten.index_select.default,
+    torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default,
+})
+
+
 def call_narrowed(target, args, kwargs):
+    if target in _INDEX_OPS:
+        args, kwargs = tree_map(_widen, (args, kwargs))
     try:
         out = target(*args, **kwargs)
     except (RuntimeError, TypeError, IndexError) as first:

@@ -441,3 +441,34 @@ def test_a_value_read_with_item_only_for_a_check_converts(tmp_path):
     (name,) = run.get_input_details()
     (edge,) = run(**{name: ids.numpy().astype(np.int32)}).values()
     np.testing.assert_allclose(edge, want, rtol=1e-6, atol=1e-7)
+
+
+def test_a_folded_gather_of_an_expanded_index_is_right(tmp_path):
+    """Funnel's relative-position table: gather(table, 0, (arange(...)[:, None] + k).expand(n, d)) folds to a
+    constant at conversion; torch 2.13's CPU gather reads an expanded int32 index wrongly, so the fold widens it."""
+    import numpy as np
+
+    import tpu_export
+    from tpu_export import tpu_backend
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(64, 8))
+
+        def forward(self, x):
+            rel = torch.arange(31, -1, -1)[:, None] + 3
+            return x @ torch.gather(self.table, 0, rel.expand(32, 8)).T
+
+    m = M().eval()
+    x = torch.randn(2, 8)
+    written = tpu_export.convert(m, (x,), targets=["cpu", "cpu-xla"], out_dir=str(tmp_path))
+    want = m(x).detach().numpy()
+    np.testing.assert_allclose(np.asarray(tpu_backend.load(written["cpu-xla"])(x.numpy())), want, rtol=1e-5,
+                               atol=1e-5)
+    from ai_edge_litert.interpreter import Interpreter
+
+    run = Interpreter(model_path=written["cpu"]).get_signature_runner()
+    (name,) = run.get_input_details()
+    (edge,) = run(**{name: x.numpy()}).values()
+    np.testing.assert_allclose(edge, want, rtol=1e-5, atol=1e-5)
