@@ -14,19 +14,22 @@ from .fold_batchnorm import fold_batchnorm
 from .fold_constants import fold_constants
 from .fold_matmul_transpose import fold_matmul_transpose
 from .lower_complex import lower_complex
+from .masked_row_select import select_masked_rows
 from .naming import name_tensors
 from .pt2e_qdq import fold_pt2e_qdq
 from .simplify import drop_redundant_broadcasts, fold_multiply_by_zero_or_one, remove_noop_ops
 
 __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_transpose", "fold_constants",
            "remove_dead_code", "apply_dtype_policy", "lower_complex", "name_tensors", "fold_multiply_by_zero_or_one",
-           "remove_noop_ops", "drop_redundant_broadcasts", "fold_pt2e_qdq"]
+           "remove_noop_ops", "drop_redundant_broadcasts", "fold_pt2e_qdq", "select_masked_rows"]
 
 # Order matters:
 # - PT2E quantize/dequantize pairs first: constant folding would bake a weight's pair into a float weight and
 #   lose its scales.
 # - complex arithmetic to real pairs first: no later pass (nor backend) meets a complex value, and the dtype
 #   policy then narrows a complex128's float64 pairs as any float64.
+# - a mask selection that keeps one position per row (BART's <eos> pooling) to a gather before the dtype policy,
+#   which narrows the positions it computes.
 # - x @ W.t() -> linear(x, W) first: before constant folding stores W.t() as a weight of its own, and
 #   before BatchNorm folding, which folds into a linear.
 # - then BatchNorm folding: it needs the conv -> BN pattern intact and adds folded weights.
@@ -36,9 +39,9 @@ __all__ = ["SHARED_PASSES", "run_shared_passes", "fold_batchnorm", "fold_matmul_
 # - the algebraic clean-ups after folding (a frozen batch norm's scale is a stored constant only once folded);
 #   x * 0 leaves a broadcast the next two may remove, and the branch it drops for dead code.
 # - naming last, over the final graph.
-SHARED_PASSES = [fold_pt2e_qdq, lower_complex, fold_matmul_transpose, fold_batchnorm, apply_dtype_policy,
-                 fold_constants, fold_multiply_by_zero_or_one, remove_noop_ops, drop_redundant_broadcasts,
-                 remove_dead_code, name_tensors]
+SHARED_PASSES = [fold_pt2e_qdq, lower_complex, select_masked_rows, fold_matmul_transpose, fold_batchnorm,
+                 apply_dtype_policy, fold_constants, fold_multiply_by_zero_or_one, remove_noop_ops,
+                 drop_redundant_broadcasts, remove_dead_code, name_tensors]
 
 
 def run_shared_passes(prog: Program, passes=SHARED_PASSES, *, keep=KEEP_WHOLE) -> Program:
