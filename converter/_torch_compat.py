@@ -27,6 +27,7 @@ __all__ = [
     "is_op_overload",
     "op_schema",
     "registered_op_names",
+    "register_quantized_decomposed_ops",
     # fake tensors and symbolic shapes
     "detect_fake_mode",
     "new_fake_mode",
@@ -377,6 +378,15 @@ def deserialize_program(raw: dict, weights: dict, constants: dict):
     serialized = _dict_to_dataclass(schema.ExportedProgram, raw)
     # b"": no sample inputs; torch would unpickle data/sample_inputs
     return ExportedProgramDeserializer().deserialize(serialized, weights, constants, b"")
+
+
+@_private("torch.ao.quantization.fx._decomposed",
+          "PT2E quantization's quantize/dequantize operators (torch.ops.quantized_decomposed.*) are registered when "
+          "this module is imported; a .pt2 saved from convert_pt2e's output calls them",
+          "none: importing torchao registers them too, but the converter does not depend on torchao")
+def register_quantized_decomposed_ops() -> None:
+    """Register ``torch.ops.quantized_decomposed.*`` (a no-op once registered)."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401
 
 
 # --- pytree --------------------------------------------------------------------------------------

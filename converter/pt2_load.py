@@ -25,7 +25,13 @@ import os
 import re
 import zipfile
 
-from ._torch_compat import deserialize_program, payload_config, serde_sym_ops, tensor_layout
+from ._torch_compat import (
+    deserialize_program,
+    payload_config,
+    register_quantized_decomposed_ops,
+    serde_sym_ops,
+    tensor_layout,
+)
 from .errors import ExportFailedError, one_line
 from .untrusted import UntrustedFileError, open_regular
 
@@ -217,8 +223,7 @@ def _register_ops(path: str, ops: set[str]) -> None:
     import torch
 
     if any(op.startswith("torch.ops.quantized_decomposed.") for op in ops):
-        # the quantize/dequantize ops PT2E quantization leaves; torch registers them in this module, on import
-        import torch.ao.quantization.fx._decomposed  # noqa: F401
+        register_quantized_decomposed_ops()  # the quantize/dequantize ops PT2E quantization leaves
     for op in sorted(ops):
         parts = op.split(".")[2:]  # namespace, name, overload
         try:

@@ -109,6 +109,22 @@ def test_registered_op_names():
         assert c.is_op_overload(op) and op.name() == n
 
 
+@pytest.mark.subprocess
+def test_register_quantized_decomposed_ops():
+    """In a fresh process the quantize op is unknown until the call registers it, and then it computes."""
+    import subprocess
+
+    code = ("import torch\n"
+            "from tpu_export.converter import _torch_compat as c\n"
+            "before = hasattr(torch.ops.quantized_decomposed, 'quantize_per_tensor')\n"
+            "c.register_quantized_decomposed_ops()\n"
+            "q = torch.ops.quantized_decomposed.quantize_per_tensor.default(\n"
+            "    torch.tensor([0.5, -1.0]), 0.25, 0, -128, 127, torch.int8)\n"
+            "print(before, q.tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split("\n")[-2] == "False [2, -4]", out.stdout[-500:]
+
+
 # --- fake tensors and symbolic shapes -----------------------------------------------------------
 
 
