@@ -117,12 +117,13 @@ def _install(env_dir: Path, pins: list[str], log: Path, reuse: bool) -> tuple[bo
     if reuse and python.exists() and _matches(_versions(python), pins):
         # The stack is there: only the project itself is rebuilt from the current working tree.
         rc = _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(src)], log, 900)
-        return rc == 0, time.monotonic() - start, _versions(python)
-    if env_dir.exists():
-        shutil.rmtree(env_dir)
-    subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
-    rc = _run([str(python), "-m", "pip", "install", "-q", f"{src}[test]", *pins], log, timeout=3600)
-    # The tests (not shipped) import as `tests.*` from the repository, after site-packages on sys.path.
+    else:
+        if env_dir.exists():
+            shutil.rmtree(env_dir)
+        subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True)
+        rc = _run([str(python), "-m", "pip", "install", "-q", f"{src}[test]", *pins], log, timeout=3600)
+    # The tests (not shipped) import as `tests.*` from the repository, after site-packages on sys.path (written on
+    # every run: an editable install's own .pth handling may have dropped it from a reused environment).
     site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "zz_tpu_export_repo_tests.pth").write_text(f"{REPO}\n")
