@@ -81,8 +81,9 @@ def run(path: str) -> dict:
     return {**json.loads(out.stdout.strip().splitlines()[-1]), "pmd": pmd_share(path)}
 
 
-def tflite_worker(path: str, steps: int = 200, rounds: int = 3, pos: int = 100):
-    """The decode signature of ``path`` in CompiledModel, 1 thread; caches aliased in/out; one JSON line."""
+def open_decode(path: str, pos: int):
+    """(CompiledModel, inputs, outputs) of ``path``'s decode signature on 1 CPU thread, each cache one buffer in and
+    out (as the engine passes them), the inputs zero but ``input_pos``, warmed up."""
     import numpy as np
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
@@ -97,6 +98,12 @@ def tflite_worker(path: str, steps: int = 200, rounds: int = 3, pos: int = 100):
         ins[n].write(np.full(d["shape"], pos if n == "input_pos" else 0, np.dtype(str(d["dtype"]))))
     for _ in range(20):  # warm-up: XNNPACK's first runs pack the weights
         cm.run_by_name("decode", ins, outs)
+    return cm, ins, outs
+
+
+def tflite_worker(path: str, steps: int = 200, rounds: int = 3, pos: int = 100):
+    """The decode signature of ``path`` in CompiledModel, 1 thread; caches aliased in/out; one JSON line."""
+    cm, ins, outs = open_decode(path, pos)
     cpu, wall = [], []
     for _ in range(rounds):
         c0, w0 = time.process_time(), time.perf_counter()

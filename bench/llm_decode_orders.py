@@ -27,22 +27,11 @@ STEPS = 10  # per round
 
 
 def worker(paths: list[str], rounds: int, pos: int) -> dict:
-    import numpy as np
-    from ai_edge_litert.compiled_model import CompiledModel
-    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
-    from ai_edge_litert.options import CpuOptions, Options
+    from llm_decode_ab import open_decode  # this script's folder is first on sys.path
 
     runs = []
     for path in paths:
-        cm = CompiledModel.from_file(path, options=Options(hardware_accelerators=HardwareAccelerator.CPU,
-                                                           cpu_options=CpuOptions(num_threads=1)))
-        names = cm.get_signature_list()["decode"]
-        ins = {n: cm.create_input_buffer_by_name("decode", n) for n in names["inputs"]}
-        outs = {n: ins[n] if n in ins else cm.create_output_buffer_by_name("decode", n) for n in names["outputs"]}
-        for n, d in cm.get_input_tensor_details("decode").items():
-            ins[n].write(np.full(d["shape"], pos if n == "input_pos" else 0, np.dtype(str(d["dtype"]))))
-        for _ in range(20):
-            cm.run_by_name("decode", ins, outs)
+        cm, ins, outs = open_decode(path, pos)
         runs.append((cm, ins, outs))
     cpu = [[] for _ in paths]
     for r in range(rounds):
