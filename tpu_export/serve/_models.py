@@ -8,6 +8,7 @@ import dataclasses
 import os
 import re
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from ._batcher import Job
 from ._config import ServeConfig, ServeError
 
-__all__ = ["LMModel", "RequestError", "TensorModel", "load_models", "model_name"]
+__all__ = ["LMModel", "RequestError", "TensorModel", "load_models", "model_name", "named_paths"]
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -520,25 +521,34 @@ def _split(item) -> tuple[str | None, str]:
     return None, item
 
 
-def load_models(artifacts, config: ServeConfig, metrics=None) -> dict:
-    """Open every artifact (``PATH`` or ``NAME=PATH``, or a ``{name: path}`` mapping); ServeError naming the one
-    that cannot be served."""
-    from tpu_export import tpu_backend
-
-    items = list(artifacts.items()) if isinstance(artifacts, dict) else [_split(a) for a in artifacts]
+def named_paths(artifacts) -> dict:
+    """``{name: path}`` of ``PATH`` / ``NAME=PATH`` items or a ``{name: path}`` mapping: each name URL-safe and
+    unique, each path present (ServeError naming the one that is not)."""
+    items = list(artifacts.items()) if isinstance(artifacts, Mapping) else [_split(a) for a in artifacts]
     if not items:
         raise ServeError("artifacts: give at least one artifact to serve")
-    models: dict = {}
+    out: dict = {}
     for name, path in items:
         path = os.fspath(path)
         name = name or model_name(path)
         if not _NAME.match(name):
             raise ServeError(f"{path}: the model name {name!r} is not URL-safe; name it: NAME={path} (letters, digits, "
                              ". _ -)")
-        if name in models:
-            raise ServeError(f"{path}: the name {name!r} is taken by {models[name].path}; name each: NAME=PATH")
+        if name in out:
+            raise ServeError(f"{path}: the name {name!r} is taken by {out[name]}; name each: NAME=PATH")
         if not os.path.lexists(path):
             raise ServeError(f"{path}: no such file or folder")
+        out[name] = path
+    return out
+
+
+def load_models(artifacts, config: ServeConfig, metrics=None) -> dict:
+    """Open every artifact (``PATH`` or ``NAME=PATH``, or a ``{name: path}`` mapping); ServeError naming the one
+    that cannot be served."""
+    from tpu_export import tpu_backend
+
+    models: dict = {}
+    for name, path in named_paths(artifacts).items():
         if path.endswith((".litertlm", ".tflite")):
             raise ServeError(f"{path}: the server runs TPU artifacts (.tpuexp) on PJRT; serve the tpu-v6e (or "
                              "cpu-xla, cuda) folder that convert or convert-lm wrote")

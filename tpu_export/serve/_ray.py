@@ -7,7 +7,7 @@ import contextlib
 import json
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any
 
 from ._config import ServeConfig, ServeError, _positive_int
 from ._server import Artifacts
@@ -24,24 +24,9 @@ PROXY_CALLBACK = "tpu_export.serve._ray.proxy_middlewares"
 def _resolved(artifacts: Artifacts) -> dict:
     """``{name: absolute path}``, checked as far as the driver can without loading (a replica's working directory
     need not be the driver's)."""
-    from ._models import _NAME, _split, model_name
+    from ._models import named_paths
 
-    items = list(artifacts.items()) if isinstance(artifacts, Mapping) else [_split(a) for a in artifacts]
-    if not items:
-        raise ServeError("artifacts: give at least one artifact to serve")
-    out: dict = {}
-    for name, path in items:
-        path = os.fspath(path)
-        name = name or model_name(path)
-        if not _NAME.match(name):
-            raise ServeError(f"{path}: the model name {name!r} is not URL-safe; name it: NAME={path} (letters, digits, "
-                             ". _ -)")
-        if name in out:
-            raise ServeError(f"{path}: the name {name!r} is taken by {out[name]}; name each: NAME=PATH")
-        if not os.path.lexists(path):
-            raise ServeError(f"{path}: no such file or folder")
-        out[name] = os.path.abspath(path)
-    return out
+    return {name: os.path.abspath(path) for name, path in named_paths(artifacts).items()}
 
 
 class _ReplicaHeader:
