@@ -252,7 +252,9 @@ def export_html(view: View, path: str) -> str:
     """A self-contained HTML view (no network, no Model Explorer needed to open it): each graph drawn as SVG,
     its nodes coloured and labelled by the overlays, a table of every node with its overlay values, and the
     Model Explorer graph JSON embedded (``<script type="application/json" id="graphs">``)."""
-    overlays = {name: json.load(open(p)) for name, p in view.overlays.items()}
+    from tpu_export.converter.untrusted import read_json
+
+    overlays = {name: read_json(p, what=f"overlay {name!r}") for name, p in view.overlays.items()}
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              f"<title>{html.escape(os.path.basename(view.artifact))}</title>",
              "<style>body{font-family:sans-serif;margin:16px}table{border-collapse:collapse;font-size:12px}"

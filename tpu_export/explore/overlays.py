@@ -8,8 +8,11 @@ is plain JSON.
 - ``runs_on.<delegate>``: where each op runs. ``cpu``: XNNPACK or LiteRT's builtin kernel, as this machine's
   interpreter partitions the model; ``gpu``, ``coreml``, ``metal``, ``tflm``: the delegate takes the op, or the
   reason it does not (targets/compat's tables, read from the runtimes' own code).
-- ``latency``: each op's time on this CPU, in microseconds: the op alone in a one-op model, run by the LiteRT
-  interpreter on its real input values (median of repeated runs).
+- ``latency``: each op's time on this CPU, in microseconds per run of its signature, from LiteRT's op profiler
+  (litert_profile.py): the model compiled with LiteRT's builtin CPU kernels, one thread, every profiler event tied to
+  the op index it names. Where the profiler cannot run (or its events do not map onto the model's ops), the op alone
+  in a one-op model, run by the LiteRT interpreter on its real input values (median of repeated runs); the
+  overlay's name says which source it holds.
 - ``numeric``: each node's max relative error against torch eager (written by compare()).
 - ``xla_cost.flops``, ``xla_cost.bytes``, ``xla_cost.time``: a TPU artifact's ops, each compiled alone by XLA for
   the artifact's target: flops, bytes accessed, XLA's estimated time (TPU only), keyed by Model Explorer's node ids
@@ -122,6 +125,15 @@ def _xnnpack_ops(path: str) -> dict:
     return {k: k in taken for k in originals}
 
 
+def read_tflite(path) -> bytes:
+    """A .tflite's bytes, opened as a regular file (no FIFO, device or symlink), read up to its size."""
+    from tpu_export.converter.untrusted import open_regular
+
+    fd, _ = open_regular(os.fspath(path), what="the .tflite")
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def _key(op) -> str | None:
     outs = [t for t in op.outputs if t is not None and t.name]
     return outs[0].name if outs else None
@@ -132,7 +144,7 @@ def runs_on(tflite_path: str) -> dict:
     from tpu_export.targets.compat import delegates
     from tpu_export.targets.compat.model_ops import read_ops
 
-    data = open(tflite_path, "rb").read()
+    data = read_tflite(tflite_path)
     ids = _subgraph_ids(data)
     ops = read_ops(data)
     xnn = _xnnpack_ops(tflite_path)
@@ -166,19 +178,99 @@ def _pack(model) -> bytes:
     return bytes(b.Output())
 
 
+_GRADIENT = [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#ef5350"}]
+PROFILER_SOURCE = "LiteRT op profiler, builtin kernels"
+OP_ALONE_SOURCE = "op alone"
+
+
 def latency(tflite_path: str, inputs: dict | None = None, repeats: int = 20) -> dict:
-    """Each op of the first subgraph alone, on its real inputs: {"latency": node data} (microseconds).
+    """Each op's time on this CPU: {"latency": node data} (microseconds), from LiteRT's op profiler, else op alone.
 
     Args:
         tflite_path: The .tflite.
         inputs: Signature input name -> array (default: seeded random values of each input's shape).
-        repeats: Timed runs per op (the median is kept).
+        repeats: Timed runs per op for the op-alone fallback (the median is kept).
+
+    Returns:
+        {"latency": node data}; each graph's name ends with the source of its numbers
+        (``PROFILER_SOURCE`` or ``OP_ALONE_SOURCE``).
+
+    Raises:
+        ValueError: An ``inputs`` array does not fit its input.
     """
+    import warnings
+
+    from .litert_profile import ProfileError
+
+    try:
+        return {"latency": profiled_latency(tflite_path, inputs)}
+    except ProfileError as e:
+        warnings.warn(f"latency overlay: LiteRT's op profiler failed ({e}); timing each op alone instead",
+                      RuntimeWarning, stacklevel=2)
+        return _op_alone_latency(tflite_path, inputs, repeats)
+
+
+def profiled_latency(tflite_path: str, inputs: dict | None = None) -> dict:
+    """Node data of every signature's ops (and the subgraphs they call) from LiteRT's op profiler, keyed like the
+    other overlays (each op's first output tensor name, per graph id); a subgraph shared by several signatures is
+    shown as the first signature that runs it.
+
+    Args:
+        tflite_path: The .tflite.
+        inputs: Signature input name -> array, for every signature with an input of that name (default: seeded
+            random floats, zero integers).
+
+    Returns:
+        {graph id: node data}, each op's mean microseconds per run of its signature.
+
+    Raises:
+        ValueError: An ``inputs`` name is no signature's input, or its array does not fit.
+        ProfileError: The profiler cannot run the model or its events do not map exactly onto the model's ops.
+    """
+    from tpu_export.edge.inspect import read_model
+
+    from .litert_profile import ProfileError, profile_ops
+
+    def text(b):
+        return b.decode() if isinstance(b, bytes) else b
+
+    data = read_tflite(tflite_path)
+    model = read_model(data)
+    ids = _subgraph_ids(data)
+    sig_inputs = {text(sd.signatureKey): {text(t.name) for t in sd.inputs or []} for sd in model.signatureDefs or []}
+    if not sig_inputs:
+        raise ProfileError(f"{tflite_path}: has no signature; LiteRT's CompiledModel runs a model by signature")
+    unknown = sorted(set(inputs or {}) - set().union(*sig_inputs.values()))
+    if unknown:
+        raise ValueError(f"inputs: {unknown[0]!r} is no signature's input in {tflite_path}; its inputs are "
+                         f"{', '.join(sorted(set().union(*sig_inputs.values())))}")
+    out: dict = {}
+    for key, names in sig_inputs.items():
+        prof = profile_ops(tflite_path, signature=key, inputs={k: v for k, v in (inputs or {}).items() if k in names})
+        for op in prof.ops:
+            gid = ids[op.subgraph]
+            if gid in out and out[gid]["signature"] != key:
+                continue
+            g = out.setdefault(gid, {"signature": key, "name": f"latency (us per run, this CPU, {PROFILER_SOURCE})",
+                                     "results": {}, "gradient": _GRADIENT})
+            sg = model.subgraphs[op.subgraph]
+            outs = sg.operators[op.index].outputs
+            if outs is None or not len(outs) or outs[0] < 0:
+                continue
+            name = sg.tensors[outs[0]].name or b""
+            g["results"][name.decode() if isinstance(name, bytes) else name] = {"value": round(op.us, 3)}
+    for g in out.values():
+        del g["signature"]
+    return out
+
+
+def _op_alone_latency(tflite_path: str, inputs: dict | None = None, repeats: int = 20) -> dict:
+    """Each op of the first subgraph alone, on its real inputs: {"latency": node data} (microseconds)."""
     from ai_edge_litert.interpreter import Interpreter
 
     from tpu_export.edge.inspect import read_model
 
-    data = open(tflite_path, "rb").read()
+    data = read_tflite(tflite_path)
     model = read_model(data)
     sg = model.subgraphs[0]
     import warnings
@@ -227,8 +319,8 @@ def latency(tflite_path: str, inputs: dict | None = None, repeats: int = 20) -> 
         name = name.decode() if isinstance(name, bytes) else name
         results[name] = {"value": round(statistics.median(times) * 1e6, 3)}
     gid = _subgraph_ids(data)[0]
-    return {"latency": {gid: {"name": "latency (us, this CPU, op alone)", "results": results,
-                              "gradient": [{"stop": 0, "bgColor": "#ffffff"}, {"stop": 1, "bgColor": "#ef5350"}]}}}
+    return {"latency": {gid: {"name": f"latency (us, this CPU, {OP_ALONE_SOURCE})", "results": results,
+                              "gradient": _GRADIENT}}}
 
 
 def _one_op_model(model, sg, op):
