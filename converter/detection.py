@@ -334,13 +334,35 @@ def _paste_masks(masks: torch.Tensor, boxes: torch.Tensor, im_h: int, im_w: int)
 
 
 def _transform_post(transform, result, image_shapes, original_sizes):
-    """GeneralizedRCNNTransform.postprocess with the masks pasted in static shapes."""
+    """GeneralizedRCNNTransform.postprocess with the masks pasted in static shapes, and for keypoint heads the
+    ratios torchvision's resize_keypoints scales the decoded keypoints by (original / resized size, float32)."""
     masks = [r.pop("masks", None) for r in result]
     result = type(transform).postprocess(transform, result, image_shapes, original_sizes)
-    for r, mk, (h, w) in zip(result, masks, original_sizes):
+    for r, mk, (h, w), (rh, rw) in zip(result, masks, original_sizes, image_shapes):
         if mk is not None:
             r["masks"] = _paste_masks(mk, r["boxes"], int(h), int(w))
+        if "keypoint_heatmaps" in r:  # (x, y); an output of its own, so that the host decode needs no model facts
+            ratio = (torch.tensor([float(w), float(h)], dtype=torch.float32)
+                     / torch.tensor([float(rw), float(rh)], dtype=torch.float32))
+            r["keypoint_scale"] = ratio.to(r["boxes"].device)
     return result
+
+
+def _keypoint_heads(heads, features, proposals, image_shapes, targets=None):
+    """RoIHeads.forward with the keypoint head run on the final (static) detection slots and its heatmaps
+    returned as they are: torchvision's keypointrcnn_inference resizes each box's heatmaps to the box's size."""
+    predictor = heads.keypoint_predictor
+    heads.keypoint_predictor = None  # torchvision's own keypoint branch is skipped
+    try:
+        result, losses = type(heads).forward(heads, features, proposals, image_shapes, targets)
+    finally:
+        heads.keypoint_predictor = predictor
+    boxes = [r["boxes"] for r in result]
+    x = _roi_pool(heads.keypoint_roi_pool, features, boxes, image_shapes)
+    heatmaps = predictor(heads.keypoint_head(x)).split([len(b) for b in boxes])
+    for r, b, hm in zip(result, boxes, heatmaps):
+        r["keypoint_heatmaps"], r["keypoint_boxes"] = hm, b
+    return result, losses
 
 
 _POSTPROCESS = {"SSD": _ssd_post, "RetinaNet": _dense_post, "FCOS": _dense_post}
@@ -354,8 +376,9 @@ class StaticDetector(torch.nn.Module):
         self.model, self._post, self.slots = model, post, slots
 
     def forward(self, images: torch.Tensor):
-        """images ``[B, 3, H, W]`` -> ``(boxes [B, D, 4], scores [B, D], labels [B, D], valid [B, D])``, and
-        ``masks [B, D, 1, H, W]`` for Mask R-CNN."""
+        """images ``[B, 3, H, W]`` -> ``(boxes [B, D, 4], scores [B, D], labels [B, D], valid [B, D])``, then
+        ``masks [B, D, 1, H, W]`` for Mask R-CNN, then ``keypoint_heatmaps [B, D, K, S, S]``, ``keypoint_boxes
+        [B, D, 4]`` and ``keypoint_scale [B, 2]`` for Keypoint R-CNN (see ``static_detector``)."""
         m = self.model
         if self._post is None:  # two-stage: the proposals' and the detections' validity pass through ``store``
             store: list = []
@@ -364,9 +387,12 @@ class StaticDetector(torch.nn.Module):
                        (m.roi_heads, "postprocess_detections",
                         lambda *a: _rcnn_post(m.roi_heads, store, self.slots, *a))]
             if m.roi_heads.has_mask():
-                patches += [(m.roi_heads.mask_roi_pool, "forward",
-                             lambda *a: _roi_pool(m.roi_heads.mask_roi_pool, *a)),
-                            (m.transform, "postprocess", lambda *a: _transform_post(m.transform, *a))]
+                patches.append((m.roi_heads.mask_roi_pool, "forward",
+                                lambda *a: _roi_pool(m.roi_heads.mask_roi_pool, *a)))
+            if m.roi_heads.has_keypoint():
+                patches.append((m.roi_heads, "forward", lambda *a: _keypoint_heads(m.roi_heads, *a)))
+            if m.roi_heads.has_mask() or m.roi_heads.has_keypoint():
+                patches.append((m.transform, "postprocess", lambda *a: _transform_post(m.transform, *a)))
         else:
             patches = [(m, "postprocess_detections", lambda *a: self._post(m, self.slots, *a))]
         for obj, name, fn in patches:
@@ -380,6 +406,8 @@ class StaticDetector(torch.nn.Module):
             for d, valid in zip(dets, store):
                 d["valid"] = valid
         keys = ("boxes", "scores", "labels", "valid") + (("masks",) if "masks" in dets[0] else ())
+        if "keypoint_heatmaps" in dets[0]:
+            keys += ("keypoint_heatmaps", "keypoint_boxes", "keypoint_scale")
         return tuple(torch.stack([d[k] for d in dets]) for k in keys)
 
 
@@ -445,11 +473,15 @@ def static_detector(model: torch.nn.Module, max_detections: int | None = None,
     For Faster / Mask R-CNN the RPN keeps ``rpn_post_nms_top_n_test`` proposal slots with a valid mask,
     ``MultiScaleRoIAlign`` pools every proposal at every level, keeping its own level's result, and Mask R-CNN's
     masks are pasted into the image by gathers at the bilinear taps torchvision's per-box resize reads. The first
-    slots hold exactly the detections torchvision returns, in its order.
+    slots hold exactly the detections torchvision returns, in its order. Keypoint R-CNN's keypoint head runs on
+    the ``D`` detection slots and its heatmaps are returned undecoded: torchvision resizes each box's heatmaps
+    bicubically to the box's own size before the argmax, a size known only at run time, so the decoding runs on
+    the host, ``tpu_export.targets.decode_keypoints(keypoint_heatmaps, keypoint_boxes, valid, keypoint_scale)``
+    (numpy only), which gives torchvision's ``keypoints`` and ``keypoints_scores``.
 
     Args:
-        model: An eval-mode ``torchvision.models.detection`` SSD / SSDlite, RetinaNet, FCOS, Faster R-CNN or
-            Mask R-CNN (or a subclass).
+        model: An eval-mode ``torchvision.models.detection`` SSD / SSDlite, RetinaNet, FCOS, Faster R-CNN,
+            Mask R-CNN or Keypoint R-CNN (or a subclass).
         max_detections: The number of slots; None for the model's ``detections_per_img``.
         postprocess: ``"static"``: torchvision's post-processing in static shapes (above). ``"tflite"`` (SSD and
             SSDlite only): the model ends in ``detection_postprocess`` (TFLite's ``TFLite_Detection_PostProcess``
@@ -459,14 +491,18 @@ def static_detector(model: torch.nn.Module, max_detections: int | None = None,
 
     Returns:
         A module taking images ``[B, 3, H, W]``. ``"static"``: it returns ``(boxes [B, D, 4], scores [B, D],
-        labels [B, D], valid [B, D])``, plus ``masks [B, D, 1, H, W]`` for Mask R-CNN; boxes, scores and labels
-        are zero where ``valid`` is false. ``"tflite"``: the op's ``(boxes [B, D, 4] (ymin, xmin, ymax, xmax) in
+        labels [B, D], valid [B, D])``, then ``masks [B, D, 1, H, W]`` for Mask R-CNN, then for Keypoint R-CNN
+        ``keypoint_heatmaps [B, D, K, S, S]`` (the keypoint predictor's logits per slot, ``S`` = 56 for
+        torchvision's), ``keypoint_boxes [B, D, 4]`` (the boxes in the frame of the model's resized image, where
+        the heatmaps were pooled) and ``keypoint_scale [B, 2]`` (float32 ``(x, y)`` ratios of the input image's
+        size to the resized one); boxes, scores and labels are zero where ``valid`` is false, the heatmaps of
+        invalid slots mean nothing. ``"tflite"``: the op's ``(boxes [B, D, 4] (ymin, xmin, ymax, xmax) in
         [0, 1] of the image, classes [B, D] (torchvision's label - 1), scores [B, D], num_detections [B])``.
 
     Raises:
-        ValueError: The model is not one of those detectors (Keypoint R-CNN, whose keypoint decoding resizes each
-            box's heatmaps to a data-dependent size, is refused), ``max_detections`` is not a positive int, or
-            ``postprocess`` is unknown or ``"tflite"`` for a model that is not an SSD.
+        ValueError: The model is not one of those detectors, a two-stage model pools with something other than
+            torchvision's ``MultiScaleRoIAlign``, ``max_detections`` is not a positive int, or ``postprocess`` is
+            unknown or ``"tflite"`` for a model that is not an SSD.
     """
     if postprocess not in _POSTPROCESS_KINDS:
         raise ValueError(f"static_detector: postprocess must be one of {', '.join(_POSTPROCESS_KINDS)}, got "
@@ -474,12 +510,19 @@ def static_detector(model: torch.nn.Module, max_detections: int | None = None,
     names = [c.__name__ for c in type(model).__mro__]
     kinds = [n for n in names if n in _POSTPROCESS]
     two_stage = "GeneralizedRCNN" in names
-    if two_stage and model.roi_heads.has_keypoint():
-        raise ValueError(f"static_detector: {type(model).__name__} is not supported: its keypoint decoding resizes "
-                         "each box's heatmaps to a data-dependent size (Faster and Mask R-CNN are)")
     if not kinds and not two_stage:
         raise ValueError(f"static_detector: {type(model).__name__} is not supported; pass a torchvision SSD / "
-                         "SSDlite, RetinaNet, FCOS or Faster R-CNN model")
+                         "SSDlite, RetinaNet, FCOS, Faster, Mask or Keypoint R-CNN model")
+    if two_stage:
+        heads = model.roi_heads
+        pools = [("box_roi_pool", heads.box_roi_pool)]
+        pools += [("mask_roi_pool", heads.mask_roi_pool)] if heads.has_mask() else []
+        pools += [("keypoint_roi_pool", heads.keypoint_roi_pool)] if heads.has_keypoint() else []
+        for name, pool in pools:
+            if not _is_multiscale_roi_align(pool):
+                raise ValueError(f"static_detector: {type(model).__name__}.roi_heads.{name} "
+                                 f"({type(pool).__name__}) is not torchvision's MultiScaleRoIAlign, the only pooler "
+                                 "with a static-shape form here; pass one, as torchvision's own models do")
     detections_per_img = model.roi_heads.detections_per_img if two_stage else model.detections_per_img
     slots = detections_per_img if max_detections is None else max_detections
     if not isinstance(slots, int) or slots < 1:

@@ -15,13 +15,14 @@ from .registry import TARGETS, Target, UnknownTargetError, get_target
 __all__ = ["TARGETS", "Target", "UnknownTargetError", "get_target", "check_for_target", "package",
            "compatibility", "Report", "CompatibilityError", "BudgetError", "QuantizationError",
            "chip_facts", "check_topology", "options_for", "OptionsError", "EdgeOptions", "IotOptions",
-           "XlaOptions", "TpuOptions"]
+           "XlaOptions", "TpuOptions", "decode_keypoints"]
 
 _WHERE = {
     "check_for_target": "checks", "package": "checks",
     "compatibility": "compat", "Report": "compat", "CompatibilityError": "compat",
     "BudgetError": "iot", "QuantizationError": "quantize",
     "chip_facts": "tpu", "check_topology": "tpu",
+    "decode_keypoints": "detection",
 }
 
 

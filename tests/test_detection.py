@@ -286,7 +286,7 @@ def _detector(kind):
         anchors = AnchorGenerator(((16,), (32,), (64,)), ((0.5, 1.0, 2.0),) * 3)
         m = tvd.RetinaNet(TinyBackbone(ch), classes, min_size=size, max_size=size, anchor_generator=anchors,
                           head=RetinaNetHead(ch, 3, classes))
-    elif kind in ("fasterrcnn", "maskrcnn"):
+    elif kind in ("fasterrcnn", "maskrcnn", "keypointrcnn"):
         from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
         from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
         from torchvision.ops import MultiScaleRoIAlign
@@ -298,6 +298,12 @@ def _detector(kind):
                   rpn_post_nms_top_n_test=40, box_detections_per_img=50)
         if kind == "fasterrcnn":
             m = tvd.FasterRCNN(TinyBackbone(ch), None, **kw)
+        elif kind == "keypointrcnn":
+            from torchvision.models.detection.keypoint_rcnn import KeypointRCNNHeads, KeypointRCNNPredictor
+
+            m = tvd.KeypointRCNN(TinyBackbone(ch), None, keypoint_roi_pool=MultiScaleRoIAlign(["0", "1", "2"], 14, 2),
+                                 keypoint_head=KeypointRCNNHeads(ch, (16, 16)),
+                                 keypoint_predictor=KeypointRCNNPredictor(16, 5), **kw)
         else:
             m = tvd.MaskRCNN(TinyBackbone(ch), None, mask_roi_pool=MultiScaleRoIAlign(["0", "1", "2"], 14, 2),
                              mask_head=MaskRCNNHeads(ch, (16, 16), 1),
@@ -306,7 +312,12 @@ def _detector(kind):
         anchors = AnchorGenerator(((8,), (16,), (32,)), ((1.0,),) * 3)
         m = tvd.FCOS(TinyBackbone(ch), classes, min_size=size, max_size=size, anchor_generator=anchors,
                      head=FCOSHead(ch, 1, classes, num_convs=2))
-    g = torch.Generator().manual_seed(1)
+    return _spread(m).eval()
+
+
+def _spread(m, seed=1):
+    """Seeded weights spread wide enough that candidates' scores differ (torchvision's init ties many of them)."""
+    g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for mod in m.modules():
             if isinstance(mod, torch.nn.Conv2d):
@@ -317,7 +328,7 @@ def _detector(kind):
                 mod.bias.copy_(torch.rand(mod.bias.shape, generator=g) * 0.2)
             elif isinstance(mod, torch.nn.Linear):
                 mod.weight.copy_(torch.randn(mod.weight.shape, generator=g) * (2.0 / mod.weight.shape[1]) ** 0.5)
-    return m.eval()
+    return m
 
 
 def _unmatched(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
@@ -370,17 +381,176 @@ def test_torchvision_detector_matches_eager(kind, backend):
         torch.testing.assert_close(out[4][0, :n], ref["masks"], rtol=0, atol=1e-5)
 
 
+def _pairs(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
+    """For each of torchvision's detections, the index of the backend detection of the same label within tolerance
+    (each used once), or -1."""
+    used = torch.zeros(len(boxes), dtype=torch.bool)
+    out = []
+    for b, s, lab in zip(ref["boxes"], ref["scores"], ref["labels"]):
+        ok = (~used & (labels.long() == lab) & ((scores - s).abs() <= score_tol)
+              & ((boxes - b).abs().amax(1) <= atol)).nonzero().flatten()
+        out.append(int(ok[0]) if len(ok) else -1)
+        if len(ok):
+            used[ok[0]] = True
+    return out
+
+
+def _keypoints_differ(ref_kps, ref_scores, kps, scores, score_atol, box_atol=1e-3):
+    """The keypoints (of [N, K]) decoded at another heatmap pixel than torchvision's (more than box_atol, the boxes'
+    own float drift, away); each must be a near-tie: one resized-map pixel away (the box over its ceil size, at most
+    1 px), its score within score_atol."""
+    dist = np.abs(kps[..., :2] - ref_kps[..., :2]).max(-1)
+    assert bool((kps[..., 2] == 1).all()) and float(dist.max()) <= 1.0 + box_atol
+    np.testing.assert_allclose(scores, ref_scores, rtol=0, atol=score_atol)
+    return int((dist > box_atol).sum())
+
+
 @needs_torchvision
-def test_static_detector_refuses_keypoint_heads_by_name():
+@pytest.mark.parametrize("backend", [
+    "edge",
+    pytest.param("tpu", marks=pytest.mark.slow),  # ~20 s: three roi_aligns and two NMS loops
+])
+def test_keypoint_rcnn_matches_eager_with_host_decode(backend):
+    from tpu_export.converter import static_detector
+    from tpu_export.targets import decode_keypoints
+
+    m = _detector("keypointrcnn")
+    # 160x160, resized to 128x128 by the model's transform: boxes and keypoints are scaled back by 1.25
+    x = torch.rand(1, 3, 160, 160, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = m([x[0]])[0]
+        static = static_detector(m)
+        eager = static(x)
+    n = len(ref["boxes"])
+    assert 10 < n and len(torch.unique(ref["scores"])) == n
+    assert len(eager) == 7 and eager[4].shape == (1, static.slots, 5, 56, 56) and eager[6].tolist() == [[1.25, 1.25]]
+    assert int(eager[3].sum()) == n
+    for got, want in zip(eager[:3], (ref["boxes"], ref["scores"], ref["labels"])):
+        assert torch.equal(got[0, :n], want)
+    # in eager, the host decode of the static heatmaps is torchvision's keypoints exactly
+    kps, kscores = decode_keypoints(*(t.numpy() for t in (eager[4], eager[5], eager[3], eager[6])))
+    assert kps.shape == (1, static.slots, 5, 3) and not kps[0, n:].any() and not kscores[0, n:].any()
+    np.testing.assert_array_equal(kps[0, :n], ref["keypoints"].numpy())
+    np.testing.assert_array_equal(kscores[0, :n], ref["keypoints_scores"].numpy())
+
+    out = (_edge if backend == "edge" else _tpu)(static, (x,))
+    boxes, scores, labels, valid, heatmaps, kboxes, kscale = out
+    assert int(valid.sum()) == n and heatmaps.shape == eager[4].shape
+    torch.testing.assert_close(kscale, eager[6], rtol=0, atol=0)
+    pairs = _pairs(ref, boxes[0], scores[0], labels[0])
+    assert -1 not in pairs
+    torch.testing.assert_close(heatmaps[0, pairs], eager[4][0, :n], rtol=0, atol=1e-4)
+    kps, kscores = decode_keypoints(heatmaps.numpy(), kboxes.numpy(), valid.numpy(), kscale.numpy())
+    differ = _keypoints_differ(ref["keypoints"].numpy(), ref["keypoints_scores"].numpy(), kps[0, pairs],
+                               kscores[0, pairs], 1e-4)
+    assert differ <= 0.02 * n * 5, differ  # argmax positions: the same but for near-ties (0 of 250 measured)
+
+
+@pytest.mark.slow
+@needs_torchvision
+@pytest.mark.parametrize("backend", ["edge", "tpu"])
+def test_keypointrcnn_resnet50_fpn_matches_eager(backend):
+    from torchvision.models.detection import keypointrcnn_resnet50_fpn
+
+    from tpu_export.converter import static_detector
+    from tpu_export.targets import decode_keypoints
+
+    torch.manual_seed(0)  # torchvision's own initialization, seeded; 8 slots keep its 8-conv keypoint head cheap
+    m = keypointrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=2, min_size=128, max_size=128,
+                                  rpn_pre_nms_top_n_test=100, rpn_post_nms_top_n_test=40,
+                                  box_detections_per_img=8).eval()
+    with torch.no_grad():  # the untrained backbone's features reach ~200, which saturates every score: scale them
+        for block in m.backbone.fpn.layer_blocks:
+            block[0].weight.mul_(0.01)
+    x = torch.rand(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = m([x[0]])[0]
+        static = static_detector(m)
+        eager = static(x)
+    n = len(ref["boxes"])
+    assert n == 8 and len(torch.unique(ref["scores"])) == n  # every slot a detection, no ties to break
+    assert eager[4].shape == (1, 8, 17, 56, 56) and torch.equal(eager[3], torch.ones(1, 8, dtype=torch.bool))
+    for got, want in zip(eager[:3], (ref["boxes"], ref["scores"], ref["labels"])):
+        assert torch.equal(got[0], want)
+    out = (_edge if backend == "edge" else _tpu)(static, (x,))
+    boxes, scores, labels, valid, heatmaps, kboxes, kscale = out
+    assert bool(valid.all())
+    pairs = _pairs(ref, boxes[0], scores[0], labels[0])  # 2e-5 px and 1e-7 measured
+    assert -1 not in pairs
+    kps, kscores = decode_keypoints(heatmaps.numpy(), kboxes.numpy(), valid.numpy(), kscale.numpy())
+    differ = _keypoints_differ(ref["keypoints"].numpy(), ref["keypoints_scores"].numpy(), kps[0, pairs],
+                               kscores[0, pairs], 1e-4)
+    assert differ <= 0.05 * n * 17, differ  # 0 of 136 measured
+
+
+@needs_torchvision
+def test_static_detector_refuses_what_it_cannot_make_static_by_name():
     from torchvision.models.detection import keypointrcnn_resnet50_fpn
 
     from tpu_export.converter import static_detector
 
     m = keypointrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=2)
-    with pytest.raises(ValueError, match="static_detector: KeypointRCNN is not supported: its keypoint decoding"):
+    m.roi_heads.keypoint_roi_pool = torch.nn.Identity()  # a pooler of one's own: no static form
+    with pytest.raises(ValueError, match=r"KeypointRCNN.roi_heads.keypoint_roi_pool \(Identity\) is not torchvision's"):
         static_detector(m)
     with pytest.raises(ValueError, match="static_detector: Linear is not supported"):
         static_detector(torch.nn.Linear(2, 2))
+
+
+@needs_torchvision
+def test_decode_keypoints_is_torchvisions_heatmaps_to_keypoints():
+    from torchvision.models.detection.roi_heads import heatmaps_to_keypoints
+
+    from tpu_export.targets import decode_keypoints
+
+    g = torch.Generator().manual_seed(0)
+    n = 48
+    maps = torch.randn(n, 17, 56, 56, generator=g)
+    xy = torch.rand(n, 2, generator=g) * 300 - 20  # some boxes start outside the image
+    wh = torch.rand(n, 2, generator=g) * 250
+    # under a pixel (clamped to 1), exactly the map's size, a fractional edge, a point box
+    wh[:4] = torch.tensor([[0.3, 0.5], [56.0, 56.0], [1.0, 200.5], [0.0, 0.0]])
+    rois = torch.cat([xy, xy + wh], 1)
+    ref_kps, ref_scores = heatmaps_to_keypoints(maps, rois)
+    valid = np.ones(n, bool)
+    valid[-3:] = False
+    scale = np.array([1.5, 0.75], np.float32)
+    kps, scores = decode_keypoints(maps.numpy(), rois.numpy(), valid, scale)  # one image: [D, ...]
+    want = ref_kps.numpy()[:-3] * np.array([1.5, 0.75, 1.0], np.float32)  # torchvision's resize_keypoints
+    # bicubic taps, sums and argmax as torch's CPU kernel (AVX2 / AVX512: fused multiply-adds) computes them
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        np.testing.assert_array_equal(kps[:-3], want)
+        np.testing.assert_array_equal(scores[:-3], ref_scores.numpy()[:-3])
+    else:  # torch's kernel without FMA rounds each product: scores within float32 rounding, ties aside
+        np.testing.assert_allclose(scores[:-3], ref_scores.numpy()[:-3], rtol=0, atol=1e-5)
+    assert not kps[-3:].any() and not scores[-3:].any()
+
+
+def test_decode_keypoints_on_hand_worked_heatmaps():
+    from tpu_export.targets import decode_keypoints
+
+    # one peak per map: its pixel's centre, mapped through the box (size / ceil(size)) and the image scale
+    heatmaps = np.zeros((1, 2, 2, 56, 56), np.float32)
+    heatmaps[0, 0, 0, 10, 20] = heatmaps[0, 0, 1, 40, 5] = 1.0
+    heatmaps[0, 1, 0, 0, 55] = 2.0
+    boxes = np.array([[[0.0, 0.0, 56.0, 56.0], [10.0, 20.0, 66.0, 76.0]]], np.float32)
+    kps, scores = decode_keypoints(heatmaps, boxes, np.array([[True, False]]), np.array([[2.0, 0.5]], np.float32))
+    assert kps[0, 0].tolist() == [[41.0, 5.25, 1.0], [11.0, 20.25, 1.0]]
+    assert scores[0, 0].tolist() == [1.0, 1.0] and not kps[0, 1].any() and not scores[0, 1].any()
+    with pytest.raises(ValueError, match=r"decode_keypoints: boxes must be \[B, D, 4\]"):
+        decode_keypoints(heatmaps, boxes[:, :1])
+
+
+@pytest.mark.subprocess
+def test_decode_keypoints_imports_without_torch(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; from tpu_export.targets import decode_keypoints; import numpy as np; "
+            "decode_keypoints(np.zeros((1, 1, 56, 56), np.float32), np.zeros((1, 4), np.float32)); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    r = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
 
 
 # ------------------------------------------------------------------ SSD ending in TFLite_Detection_PostProcess
