@@ -29,8 +29,10 @@ EDGE_NOTES: dict[str, str] = {
     "aten.erf.default": "edge: Abramowitz-Stegun 7.1.26 polynomial (|err| <= 1.5e-7)",
     "aten.isnan.default": "edge: NOT_EQUAL(x, x); float inputs",
     "aten.isinf.default": "edge: EQUAL(ABS(x), inf); float inputs",
-    "aten.div.Tensor_mode": "edge: trunc mode on floats only (SELECT_V2 of FLOOR/CEIL)",
-    "aten.div.Scalar_mode": "edge: trunc mode on floats only (SELECT_V2 of FLOOR/CEIL)",
+    "aten.div.Tensor_mode": "edge: trunc mode as SELECT_V2 of FLOOR/CEIL on floats, FLOOR_DIV of the magnitudes "
+                            "times the signs on ints",
+    "aten.div.Scalar_mode": "edge: trunc mode as SELECT_V2 of FLOOR/CEIL on floats, FLOOR_DIV of the magnitudes "
+                            "times the signs on ints",
     # boolean-only bitwise ops: LiteRT has BITWISE_XOR and RIGHT_SHIFT, no integer AND/OR/NOT
     "aten.bitwise_and.Tensor": "edge: bool only (LOGICAL_AND); no integer AND builtin",
     "aten.bitwise_and.Scalar": "edge: bool only (LOGICAL_AND); no integer AND builtin",
@@ -44,7 +46,9 @@ EDGE_NOTES: dict[str, str] = {
     "aten.scatter.value": "edge: SELECT_V2(SCATTER_ND(ones) > 0, SCATTER_ND(value), self); " + _STATIC,
     "aten.scatter_add.default": "edge: self + SCATTER_ND(src); " + _STATIC,
     "aten.index_put.default": "edge: SCATTER_ND at broadcast coordinates (FLOOR_MOD for negative indices); "
-                              "index tensors on consecutive dims after any full slices, no bool masks; " + _STATIC,
+                              "index tensors on consecutive dims after any full slices; " + _STATIC + "; a bool "
+                              "mask writing one value to every masked position becomes a where (converter/passes/"
+                              "masked_index_put.py), other bool masks are refused",
     "aten.slice_scatter.default": "edge: CONCATENATION(self, src) + GATHER with a constant index; static slice",
     "aten.masked_scatter.default": "edge: CUMSUM(mask) - 1 -> GATHER(source) -> SELECT_V2; " + _STATIC,
     "aten.scatter_reduce.two": "edge: UNSORTED_SEGMENT_{SUM,PROD,MAX,MIN} over flat target ids, combined with self "
@@ -77,9 +81,10 @@ EDGE_NOTES: dict[str, str] = {
                                     "bilinear/nearest, zeros/border padding, float32; " + _STATIC,
     "aten.nonzero.default": "data-dependent output shape: neither backend (XLA and LiteRT builtins need static "
                             "or bounded shapes)",
-    "aten._local_scalar_dense.default": "data-dependent scalar (.item()): not lowered",
-    "aten._fft_r2c.default": "complex outputs: not lowered",
-    "aten._fft_c2r.default": "complex inputs: not lowered",
+    "aten._local_scalar_dense.default": "data-dependent scalar (.item()): not lowered; the item of a tensor "
+                                        "computed from constants alone is folded (converter/passes/"
+                                        "constant_items.py), rows split per expert by counts read back with "
+                                        ".tolist() (JetMoE) become masked sums (converter/passes/expert_split.py)",
     "aten.sym_size.int": "edge: SHAPE + GATHER, evaluated by the driver (edge/lower.py)",
     "aten.sym_numel.default": "edge: not evaluated by the driver yet (SYM_OPS in edge/lower.py)",
     "aten.sym_stride.int": "strides have no meaning in either runtime; export only writes it for custom views",

@@ -118,12 +118,16 @@ def div(lw, a, b):
 # div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
 @supported_if(lambda n: arguments(n)["rounding_mode"] in (None, "floor")
-              or n.meta["val"].dtype.is_floating_point)
+              or n.meta["val"].dtype.is_floating_point or n.meta["val"].dtype in (torch.int32, torch.int64))
 def div_mode(lw, a, b, rounding_mode=None):
     if rounding_mode is None:
         return binary(lw, "DIV", a, b, kind="Div")
     if rounding_mode == "floor":
         return binary(lw, "FLOOR_DIV", a, b)
+    if np.dtype(lw.out_dtype).kind in "iu":  # trunc on ints: the magnitudes' floor, signed (JetMoE's row / top_k)
+        mag = [unary(lw, "ABS", v) if isinstance(v, Val) else abs(v) for v in (a, b)]
+        sign = [unary(lw, "SIGN", v) if isinstance(v, Val) else (v > 0) - (v < 0) for v in (a, b)]
+        return binary(lw, "MUL", binary(lw, "FLOOR_DIV", *mag), binary(lw, "MUL", *sign, kind="Mul"), kind="Mul")
     q = binary(lw, "DIV", a, b, kind="Div")  # trunc on floats: floor for q >= 0, ceil below
     zero = lw.const(np.zeros((), q.dtype))
     lt = lw.op("LESS", [lw.tensor(q), lw.tensor(zero)], q.shape, np.bool_, q.perm)

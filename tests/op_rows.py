@@ -966,6 +966,26 @@ row("pad_negative_both_value", F.pad, r(2, 3, 6, 5), [-2, -1, 1, 2], value=0.5)
 # gather with a constant index (SEW-D's relative-position attention gathers at a position table it computes)
 row("gather_const_index", lambda x: torch.gather(x, 1, _SCATTER_IDX), r(2, 6))
 
+# --------------------------------------------------------------------------------------
+# Fourier transforms and a boolean-mask write, which the converter's passes rewrite before either backend sees
+# them (converter/passes/lower_complex.py: real cos / sin matmuls; masked_index_put.py: a where)
+# --------------------------------------------------------------------------------------
+
+# FNet's token mixing: the real part of a 2-D FFT over the sequence and hidden dims
+row("fftn_real", lambda x: torch.fft.fftn(x, dim=(1, 2)).real, r(2, 6, 8))
+row("fft_real_imag", lambda x: (lambda f: (f.real, f.imag))(torch.fft.fft(x, dim=-1)), r(2, 3, 7))
+row("rfft_ortho", lambda x: torch.view_as_real(torch.fft.rfft(x, dim=1, norm="ortho")), r(2, 9, 3))
+row("ifft_complex", lambda x: torch.view_as_real(torch.fft.ifft(torch.view_as_complex(x), dim=0)), r(6, 4, 2))
+row("irfft", lambda x: torch.fft.irfft(torch.view_as_complex(x), n=9, dim=-1), r(3, 5, 2))
+# a special token's embedding overwritten by one learned row (T5Gemma 2): emb[ids == eoi_id] = eoi_embedding
+row("index_put_bool_mask_row", lambda x, m, v: x.index_put((m,), v), r(2, 5, 4), bools(2, 5), r(4))
+row("index_put_bool_mask_lead_acc", lambda x, m, v: aten.index_put(x, [None, m], v, True), r(2, 3, 4), bools(3, 4),
+    r(2, 1))
+# integer division rounding toward zero (JetMoE's token index of each sorted expert slot: position // top_k)
+row("div_trunc_int", lambda a, b: torch.div(a, b, rounding_mode="trunc"), ints(3, 5), torch.tensor([3, -2, 5, -7, 4]),
+    kind="int")
+row("div_trunc_int_scalar", lambda a: torch.div(a, -3, rounding_mode="trunc"), ints(2, 6), kind="int")
+
 
 def dynamic_shapes(rw: OpRow) -> tuple:
     """torch.export dynamic_shapes for ``row_inputs(rw, weights_as_params=True)``: one Dim per size name,

@@ -30,7 +30,8 @@ PRIVATE_TORCH_ATTRS = frozenset(
 # Public names under torch that start with an underscore: ATen operators whose own names do
 # (torch.ops.aten._to_copy is the public handle of the operator named _to_copy).
 ALLOWED_UNDERSCORE_OPS = frozenset(
-    "_adaptive_avg_pool2d _adaptive_avg_pool3d _assert_tensor_metadata _cdist_forward _log_softmax "
+    "_adaptive_avg_pool2d _adaptive_avg_pool3d _assert_tensor_metadata _cdist_forward _fft_c2c _fft_c2r _fft_r2c "
+    "_local_scalar_dense _log_softmax "
     "_native_batch_norm_legit_no_training _prelu_kernel _softmax _to_copy _unsafe_view "
     "_upsample_nearest_exact1d _upsample_nearest_exact2d _upsample_nearest_exact3d".split()
 )

@@ -10,9 +10,11 @@ An op the converter itself decomposes (torch.export's core table still decompose
 overloads, e.g. reflection_pad2d -> index) never reaches a backend: with a row scan it is supported
 by both when a row exercises it (it is looked for in the row's graph decomposed with that op kept
 whole) and that row passes on both backends (tests/test_op_support.py checks it is xfailed on
-neither); without one it is listed as decomposed. Shape-query ops (sym_size, sym_numel, ...) appear
-only in graphs with dynamic shapes, which the op rows do not have; they are tested by the
-dynamic-batch model tests instead.
+neither); without one it is listed as decomposed. An op a shared converter pass rewrites into ops both
+backends lower (``PASS_REWRITTEN``: the FFTs, into real matmuls) is treated the same way, looked for in the
+row's graph before the passes; without a scan it is listed as lowered. Shape-query ops (sym_size,
+sym_numel, ...) appear only in graphs with dynamic shapes, which the op rows do not have; they are tested
+by the dynamic-batch model tests instead.
 
     tpu-export ops                   # print the table (python -m tpu_export.op_support does the same)
     python -m tests.write_ops_doc    # regenerate docs/ops.md from the test suite's op rows
@@ -25,7 +27,8 @@ import functools
 import sys
 
 __all__ = ["inference_core_ops", "excluded_reason", "support_table", "beyond_core_ops", "beyond_core_table",
-           "coverage_text", "render_markdown", "converter_decomposed", "scan_rows", "RowScan", "DYNAMIC_ONLY"]
+           "coverage_text", "render_markdown", "converter_decomposed", "scan_rows", "RowScan", "DYNAMIC_ONLY",
+           "PASS_REWRITTEN"]
 
 # Ops no static-shape op row can put in a graph, and where they are tested instead.
 DYNAMIC_ONLY = {
@@ -35,6 +38,14 @@ DYNAMIC_ONLY = {
     "aten.scalar_tensor.default": "folded by the converter unless its value is symbolic (dynamic shapes): "
                                   "tests/test_op_support.py::test_dynamic_only_ops",
 }
+
+# Core overloads no backend lowers that a shared converter pass rewrites into ops both do, in the forms the pass
+# states; any other form stays in the graph and the backend refuses it by name. A row exercises one when its graph
+# holds it before the passes.
+_DFT = ("rewritten by the converter (converter/passes/lower_complex.py) into real matmuls with constant cos / sin "
+        "matrices: transformed dims of static size, the complex values read only by ops that pass has a rule for "
+        "(.real / .imag, complex products and sums, shape ops, another transform)")
+PASS_REWRITTEN = {"aten._fft_r2c.default": _DFT, "aten._fft_c2r.default": _DFT}
 
 # The exclusion rule, in one place: what is not an inference op of a deployed model.
 #  - in-place (name ends in "_") and out= overloads: functionalization removes them before us;
@@ -126,7 +137,8 @@ def _row_ops(module, args, keep_core) -> tuple[set, tuple]:
     from tpu_export.converter.registry import op_name
 
     kept = decompose(capture(module, args), KEEP_WHOLE | keep_core, in_place=True)
-    ops = {op_name(n.target) for n in kept.graph.nodes if n.op == "call_function" and n.target in keep_core}
+    ops = {op_name(n.target) for n in kept.graph.nodes
+           if n.op == "call_function" and (n.target in keep_core or op_name(n.target) in PASS_REWRITTEN)}
     info = {"args": _as_tuple(args), "kwargs": {}, "dynamic_shapes": None, "forward_params": forward_params(module)}
     prog = program_from_exported({"serving_default": (kept, info)})
     for sig in prog.signatures.values():
@@ -172,8 +184,8 @@ def scan_rows(rows, build) -> RowScan:
     """Export every row (``build(row)`` -> (module, sample args); a row has an ``id``) and read its ops."""
     import warnings
 
-    names = converter_decomposed()
-    keep_core = frozenset(op for n, op in inference_core_ops() if n in names)
+    keep_core = frozenset(op for n, op in inference_core_ops() if n in converter_decomposed())
+    names = converter_decomposed() | frozenset(PASS_REWRITTEN)  # ops that never reach a backend
     found: dict[str, list[str]] = {}
     solo: dict[str, list] = {}
     with warnings.catch_warnings():
@@ -186,7 +198,7 @@ def scan_rows(rows, build) -> RowScan:
             for name in ops:
                 found.setdefault(name, []).append(row.id)
             alone = ops - {"_operator.getitem"}
-            if len(alone & names) == 1:  # a converter-decomposed op: the builtins of its decomposition
+            if len(alone & names) == 1:  # a converter-decomposed or -rewritten op: the builtins of its rewrite
                 alone = alone & names
             if len(alone) == 1 and builtins:
                 solo.setdefault(next(iter(alone)), []).append((row.id, builtins))
@@ -216,6 +228,9 @@ def support_table(scan: RowScan | None = None) -> list[dict]:
             tpu = edge = bool(rows) if scan is not None else None
             note = "; ".join(x for x in ("decomposed by the converter (torch.export core table) before lowering", note)
                              if x)
+        elif name in PASS_REWRITTEN:  # supported where a row exercises it, as a decomposed op
+            tpu = edge = bool(rows) if scan is not None else True
+            note = "; ".join(x for x in (PASS_REWRITTEN[name], note) if x)
         else:
             tpu, edge = op in regs["tpu"], op in regs["edge"]
         if name in DYNAMIC_ONLY:

@@ -58,3 +58,29 @@ def weight_of(prog: Program, node) -> torch.Tensor | None:
     if isinstance(node, torch.fx.Node) and node.op == "placeholder" and "weight_name" in node.meta:
         return prog.weights[node.meta["weight_name"]]
     return None
+
+
+def downstream_nodes(graph, starts) -> list:
+    """The nodes reading ``starts`` directly or through others, in graph order (``starts`` included)."""
+    seen, out = set(starts), []
+    for n in graph.nodes:
+        if n in seen or any(a in seen for a in n.all_input_nodes):
+            seen.add(n)
+            out.append(n)
+    return out
+
+
+def recompute_values(graph, mode, starts, wait=lambda n: False, *, include_starts: bool = False) -> None:
+    """Recompute ``meta["val"]`` of the call_function nodes after ``starts`` (and of ``starts`` too with
+    ``include_starts``) from their inputs' (a rewrite made a size static that torch had written as a symbol).
+    A node ``wait`` holds, and what reads it, keep theirs."""
+    waiting, skip = set(), set() if include_starts else set(starts)
+    for n in downstream_nodes(graph, starts):
+        if n in skip or n.op != "call_function":
+            continue
+        if wait(n) or any(a in waiting for a in n.all_input_nodes):
+            waiting.add(n)
+            continue
+        vals = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
+        with mode:
+            n.meta["val"] = n.target(*vals[0], **vals[1])
