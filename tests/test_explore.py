@@ -49,7 +49,7 @@ def test_tpu_view_names_torch_parameters_and_source_lines(artifacts, tmp_path):
 
     view = build_view(artifacts["cpu-xla"], workdir=str(tmp_path / "plain"))
     text = open(view.files[0]).read()
-    for name in ("conv.bias", "fc.weight", "fc.bias", "x"):
+    for name in ("conv.weight.hwio", "conv.bias", "fc.weight.io", "fc.bias", "x"):  # stored names: docs/tpu.md
         assert f'loc("{name}")' in text
     assert "weights_list[" not in text and "xs[0]" not in text
     model, args = build()

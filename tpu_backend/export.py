@@ -141,7 +141,8 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         "high" (three passes) or "default" (one, as jax.jit's default): a float32 program's TPU numerics,
         and its TPU compile time (docs/tpu.md); CPU and GPU compute float32 whatever is asked.
 
-    2-d convolution kernels are stored HWIO as ``<name>.hwio`` (tpu_backend.weight_layout).
+    2-d convolution kernels are stored HWIO as ``<name>.hwio``, linear weights [in, out] as ``<name>.io``, where
+    nothing else reads them (tpu_backend.weight_layout).
     """
     from .host import prepare_cpu_host
     from .lowering import lower_signature
@@ -159,11 +160,12 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         qconfig = parse_quant(quant or "weight_only_int8")
         plan = plan_int8(prog, names, qconfig, pt2e_only=quant is None)
         rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
-    from .weight_layout import hwio_rewrite, plan_hwio
+    from .weight_layout import layout_rewrite, plan_layouts
 
-    hwio = plan_hwio(prog, names)  # convolution kernels stored as the TPU's convolution reads them
-    if hwio:
-        rewrites = {n: (*rewrites[n], hwio_rewrite(prog, n, hwio)) for n in names}
+    # convolution kernels and linear weights stored as the TPU's convolution and matmul read them
+    layouts = plan_layouts(prog, names, skip=plan.weights if qconfig is not None else ())
+    if layouts:
+        rewrites = {n: (*rewrites[n], layout_rewrite(prog, n, layouts)) for n in names}
     if use_pallas is not False:
         from .pallas import hooks  # noqa: F401  (registers the kernel hooks before lowering)
     lowered = {

@@ -3,6 +3,8 @@ one matmul over im2col patches, the TPU keeps its convolution; both match torch.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -91,15 +93,22 @@ def test_grouped_conv_stays_grouped_on_every_platform(cin, cout, groups, stride,
 
 @pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (48,)])
 def test_linear_contracts_the_weight_as_stored(shape):
-    """nn.Linear is one dot_general over the weight as stored (out, in), on every platform: written as
-    weight.T then a dot, XLA:CPU copied the transposed weight on every call (AlexNet's 4096x9216 classifier at
-    batch 1: 1328 ms -> 31 ms; torch eager 73 ms)."""
+    """nn.Linear is one dot_general over the weight as stored, on every platform: the artifact stores it [in, out]
+    (tpu_backend.weight_layout) and the one transpose back to torch's [out, in] folds into the dot, which XLA:CPU
+    runs on the argument in place. A transposed copy made on every call was what a weight.T then a dot cost
+    (AlexNet's 4096x9216 classifier at batch 1: 1328 ms -> 31 ms; torch eager 73 ms)."""
+    import jax
+
     torch.manual_seed(0)
     lin = torch.nn.Linear(48, 40).eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     b = tpu_backend.export_program(converter.prepare(lin, (x,)))
-    text = b.signatures["serving_default"].exported.mlir_module()
-    assert "stablehlo.transpose" not in text and "stablehlo.dot_general" in text
+    assert tuple(b.weights["weight.io"].shape) == (48, 40)
+    sig = b.signatures["serving_default"]
+    assert "stablehlo.dot_general" in sig.exported.mlir_module()
+    ws = [jax.ShapeDtypeStruct(tuple(b.weights[w].shape), np.float32) for w in sig.weight_names]
+    hlo = jax.jit(sig.exported.call).lower(ws, jax.ShapeDtypeStruct(tuple(x.shape), np.float32)).compile().as_text()
+    assert not re.search(r"f32\[(?:40,48|48,40)\]\{[\d,]*\} (?!parameter|bitcast)\w+\(", hlo), hlo
     with torch.no_grad():
         want = lin(x)
     assert rel_err(b(x), want) <= 1e-6

@@ -99,9 +99,9 @@ def test_xla_cpu_reads_the_stored_kernels_without_copying_them():
 
 
 def test_a_weight_named_like_a_stored_kernel_is_refused():
-    from tpu_export.tpu_backend.weight_layout import hwio_rewrite, plan_hwio
+    from tpu_export.tpu_backend.weight_layout import layout_rewrite, plan_layouts
 
     prog = converter.prepare(Convs().eval(), (torch.randn(1, 3, 6, 6),))
     prog.weights["wide.weight.hwio"] = torch.zeros(1)
     with pytest.raises(ValueError, match=r"already has a weight named 'wide\.weight\.hwio'"):
-        hwio_rewrite(prog, "serving_default", plan_hwio(prog, ["serving_default"]))
+        layout_rewrite(prog, "serving_default", plan_layouts(prog, ["serving_default"]))
