@@ -84,3 +84,24 @@ def recompute_values(graph, mode, starts, wait=lambda n: False, *, include_start
         vals = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: a.meta["val"])
         with mode:
             n.meta["val"] = n.target(*vals[0], **vals[1])
+
+
+_SOURCE_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+def node_maker(graph, mode, like):
+    """``call(target, *args, **kwargs)``: a new call_function node in ``graph`` (at its insertion point) with its
+    fake value computed under ``mode``, carrying ``like``'s source line and module path, so that an error about a
+    rewritten node still names the user's line."""
+
+    def call(target, *args, **kwargs):
+        node = graph.call_function(target, args, kwargs)
+        vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
+        with mode:
+            node.meta["val"] = target(*vals[0], **vals[1])
+        for k in _SOURCE_META:
+            if k in like.meta:
+                node.meta[k] = like.meta[k]
+        return node
+
+    return call

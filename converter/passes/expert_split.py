@@ -21,12 +21,11 @@ import operator
 import torch
 
 from ..program import Program
-from ._util import downstream_nodes, fake_mode_of, recompute_values
+from ._util import downstream_nodes, fake_mode_of, node_maker, recompute_values
 
 __all__ = ["dense_expert_splits"]
 
 aten = torch.ops.aten
-_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
 def dense_expert_splits(prog: Program) -> None:
@@ -120,15 +119,7 @@ def _downstream_recomputable(graph, cats) -> bool:
 def _rewrite(graph, mode, cat, x, counts, weights):
     rows = x.meta["val"].shape[0]
 
-    def call(target, *args, **kwargs):
-        node = graph.call_function(target, args, kwargs)
-        vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        with mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        for k in _META:
-            if k in cat.meta:
-                node.meta[k] = cat.meta[k]
-        return node
+    call = node_maker(graph, mode, cat)
 
     with graph.inserting_before(cat):
         end = call(aten.cumsum.default, counts, 0)

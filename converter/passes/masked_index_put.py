@@ -18,12 +18,11 @@ from __future__ import annotations
 import torch
 
 from ..program import Program
-from ._util import fake_mode_of
+from ._util import fake_mode_of, node_maker
 
 __all__ = ["where_masked_writes"]
 
 aten = torch.ops.aten
-_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
 def where_masked_writes(prog: Program) -> None:
@@ -74,15 +73,7 @@ def _rewrite(graph, mode, n, x, mask, values, lead: int, accumulate: bool) -> No
     xv, mv, vv = x.meta["val"], mask.meta["val"], values.meta["val"]
     m, rest = mv.dim(), xv.dim() - lead - mv.dim()
 
-    def call(target, *args, **kwargs):
-        node = graph.call_function(target, args, kwargs)
-        vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        with mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        for k in _META:
-            if k in n.meta:
-                node.meta[k] = n.meta[k]
-        return node
+    call = node_maker(graph, mode, n)
 
     with graph.inserting_before(n):
         full = [1] * (lead + 1 + rest - vv.dim()) + list(vv.shape)  # v's dims aligned with [*lead, row, *rest]

@@ -16,12 +16,11 @@ from __future__ import annotations
 import torch
 
 from ..program import Program
-from ._util import fake_mode_of
+from ._util import fake_mode_of, node_maker
 
 __all__ = ["select_masked_rows"]
 
 aten = torch.ops.aten
-_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
 def select_masked_rows(prog: Program) -> None:
@@ -64,15 +63,7 @@ def _match(n):
 def _rewrite(graph, mode, select, h, mask, first: bool) -> None:
     rows, width = h.meta["val"].shape[:2]
 
-    def call(target, *args, **kwargs):
-        node = graph.call_function(target, args, kwargs)
-        vals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        with mode:
-            node.meta["val"] = target(*vals[0], **vals[1])
-        for k in _META:
-            if k in select.meta:
-                node.meta[k] = select.meta[k]
-        return node
+    call = node_maker(graph, mode, select)
 
     with graph.inserting_before(select):
         hits = call(aten._to_copy.default, mask, dtype=torch.int64)
