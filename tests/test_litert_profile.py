@@ -79,11 +79,12 @@ def test_profile_ties_every_event_to_a_model_op(planted):
     assert [(o.subgraph, o.index) for o in prof.ops] == [(0, k) for k in range(len(ops))]
     assert [o.op for o in prof.ops] == [name for name, _, _ in ops]  # the tag LiteRT gave each event is the op's
     assert all(o.calls == 1 for o in prof.ops) and prof.runs >= 3
-    # The ops run inside the profiled invoke: their sum is at most the run, and the run is mostly ops (the rest
-    # is LiteRT's per-run bookkeeping, tens of microseconds against milliseconds of matmul here).
+    # The ops run inside the profiled invoke: their sum is at most the invoke, and the invoke is mostly ops (the
+    # rest is the interpreter's per-run bookkeeping, microseconds against milliseconds of matmul here). The wall
+    # time of the whole run call is only a bound: on a loaded host its set-up outside the invoke varies by 2-3x.
     total = prof.top_level_us()
     assert total <= prof.invoke_us + len(ops) and prof.invoke_us <= prof.run_us
-    assert total >= 0.85 * prof.run_us, (total, prof.run_us)
+    assert total >= 0.85 * prof.invoke_us, (total, prof.invoke_us)
 
 
 def test_latency_overlay_sums_to_the_whole_model_and_finds_the_planted_op(planted):
@@ -106,9 +107,10 @@ def test_latency_overlay_sums_to_the_whole_model_and_finds_the_planted_op(plante
     assert heaviest == big[1]
     assert res[heaviest]["value"] > 0.5 * sum(v["value"] for v in res.values())
     # Independent reference: the interpreter's own invoke with the same builtin kernels, timed just before and just
-    # after the profile (here they agree within a few percent; a shared CPU's load drifts, so the tolerance is 35%).
+    # after the profile (unloaded they agree within a few percent; under the test suite's own load on 2 cores a
+    # shared CPU drifts, so the tolerance is 40%: a profile missing the heavy op would sum to under half).
     total = sum(v["value"] for v in res.values())
-    assert 0.65 * min(before, after) <= total <= 1.35 * max(before, after), (total, before, after)
+    assert 0.6 * min(before, after) <= total <= 1.4 * max(before, after), (total, before, after)
 
 
 def test_the_op_alone_fallback_finds_the_same_planted_op(planted):
