@@ -141,8 +141,8 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         "high" (three passes) or "default" (one, as jax.jit's default): a float32 program's TPU numerics,
         and its TPU compile time (docs/tpu.md); CPU and GPU compute float32 whatever is asked.
 
-    2-d convolution kernels are stored HWIO as ``<name>.hwio``, linear weights [in, out] as ``<name>.io``, where
-    nothing else reads them (tpu_backend.weight_layout).
+    2-d convolution kernels are stored HWIO as ``<name>.hwio`` and, in an export without the tpu platform, linear
+    weights [in, out] as ``<name>.io``, where nothing else reads them (tpu_backend.weight_layout).
     """
     from .host import prepare_cpu_host
     from .lowering import lower_signature
@@ -162,8 +162,8 @@ def export_program(prog, *, platforms=("tpu", "cpu"), dtype=None, use_pallas=Fal
         rewrites = {n: (int8_rewrite(prog, n, plan),) for n in names}
     from .weight_layout import layout_rewrite, plan_layouts
 
-    # convolution kernels and linear weights stored as the TPU's convolution and matmul read them
-    layouts = plan_layouts(prog, names, skip=plan.weights if qconfig is not None else ())
+    # convolution kernels stored as the TPU's convolution reads them; linear weights [in, out] off the TPU
+    layouts = plan_layouts(prog, names, skip=plan.weights if qconfig is not None else (), platforms=platforms)
     if layouts:
         rewrites = {n: (*rewrites[n], layout_rewrite(prog, n, layouts)) for n in names}
     if use_pallas is not False:

@@ -219,7 +219,7 @@ def test_edited_manifest_fails_its_digest(art_dir):
     (lambda m: m["files"].update({"../../etc/passwd": {"sha256": "0" * 64, "size": 1}}),
      "'../../etc/passwd' is not a safe relative path"),
     (lambda m: m.update(code="import os"), r"unexpected fields \['code'\]"),
-    (lambda m: m["weights"]["tensors"]["fc1.bias"].update(dtype="object"), "is not a known dtype"),
+    (lambda m: m["weights"]["tensors"]["fc1.weight"].update(dtype="object"), "is not a known dtype"),
     (lambda m: m["signatures"]["serving_default"].update(file="signatures/other.jaxexport"),
      "is not listed in files"),
     (lambda m: m["signatures"]["serving_default"]["output_structure"].update(kind="lambda"),
@@ -313,17 +313,10 @@ def test_golden_exists_for_the_current_version():
 
 def test_resaved_golden_model_records_the_golden_manifest_text(tmp_path):
     """Signature specs are objects in memory and JSON only in the manifest: re-exporting the golden
-    model writes its signatures and weight table as the golden did, key order included, but for its linear
-    weights, now stored [in, out] as ``<name>.io`` (tpu_backend.weight_layout; the golden predates that)."""
+    model writes its signatures and weight table as the golden did, key order included."""
     golden = GOLDEN / f"tiny_mlp_v{tpu_backend.FORMAT_VERSION}.tpuexp.zip"
     path = tpu_backend.export_program(_golden_program()[3]).save(tmp_path / "again.tpuexp.zip")
     old, new = (json.loads(zipfile.ZipFile(p).read("manifest.json")) for p in (golden, path))
-    tensors = new["weights"]["tensors"]
-    assert [n for n in tensors if n.endswith(".io")] == ["fc1.weight.io", "fc2.weight.io"]
-    new["weights"]["tensors"] = {n.removesuffix(".io"): {**e, "shape": e["shape"][::-1]} if n.endswith(".io") else e
-                                 for n, e in tensors.items()}
-    for sig in new["signatures"].values():
-        sig["weight_names"] = [n.removesuffix(".io") for n in sig["weight_names"]]
     for key in ("signatures", "weights"):
         assert json.dumps(new[key], indent=2) == json.dumps(old[key], indent=2)
 

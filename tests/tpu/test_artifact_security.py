@@ -366,7 +366,7 @@ def _set(path):
 S = ("signatures", "serving_default")
 BAD_FIELDS = [  # (where, value, what the message must name): each raised TypeError or similar before
     (("platforms",), [{"tpu": 1}], "platforms"),
-    (("weights", "tensors", "fc1.bias", "dtype"), ["float32"], r"weights.tensors\['fc1.bias'\].dtype"),
+    (("weights", "tensors", "fc1.weight", "dtype"), ["float32"], r"weights.tensors\['fc1.weight'\].dtype"),
     ((*S, "file"), ["signatures/serving_default.jaxexport"], r"signatures\['serving_default'\].file"),
     ((*S, "weight_names"), [["fc1.weight"]], "weight_names"),
     ((*S, "inputs", 0, "sharding"), {"data": 1}, r"inputs\[0\].sharding"),

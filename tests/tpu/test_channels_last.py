@@ -147,14 +147,12 @@ def test_tpu_form_is_channels_last_and_the_model(name):
 
 
 def bundle_has_weight_shape(bundle, dims: str) -> bool:
-    """A transpose of a tensor shaped like one of the weights, stored (HWIO kernels, [in, out] linear weights) or
-    read in torch's layout (OIHW, [out, in]): the pair of transposes a stored weight goes through, which XLA folds
-    away."""
+    """A transpose of a 4-d tensor shaped like one of the kernels, stored HWIO or read as torch's OIHW: the pair
+    of transposes a stored kernel goes through, which XLA folds away."""
     shape = tuple(int(d) for d in dims.split("x"))
     stored = [tuple(t.shape) for t in bundle.weights.values()]
     oihw = [(s[3], s[2], s[0], s[1]) for n, s in zip(bundle.weights, stored) if n.endswith(".hwio")]
-    out_in = [s[::-1] for n, s in zip(bundle.weights, stored) if n.endswith(".io")]
-    return shape in stored or shape in oihw or shape in out_in
+    return shape in stored or shape in oihw
 
 
 def test_tpu_only_export_is_the_tpu_form():

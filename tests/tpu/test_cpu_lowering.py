@@ -11,6 +11,7 @@ import torch
 
 from tests.numerics import rel_err
 from tpu_export import converter, tpu_backend
+from tpu_export.tpu_backend.platform_specialize import for_platform
 
 
 class Conv(torch.nn.Module):
@@ -91,23 +92,29 @@ def test_grouped_conv_stays_grouped_on_every_platform(cin, cout, groups, stride,
     assert rel_err(torch.from_numpy(np.asarray(nhwc)), want) <= 1e-5  # the TPU's program, run here
 
 
+@pytest.mark.parametrize("platforms", [("tpu", "cpu"), ("cpu",)])
 @pytest.mark.parametrize("shape", [(3, 48), (2, 5, 48), (48,)])
-def test_linear_contracts_the_weight_as_stored(shape):
-    """nn.Linear is one dot_general over the weight as stored, on every platform: the artifact stores it [in, out]
-    (tpu_backend.weight_layout) and the one transpose back to torch's [out, in] folds into the dot, which XLA:CPU
-    runs on the argument in place. A transposed copy made on every call was what a weight.T then a dot cost
-    (AlexNet's 4096x9216 classifier at batch 1: 1328 ms -> 31 ms; torch eager 73 ms)."""
+def test_linear_contracts_the_weight_as_stored(shape, platforms):
+    """nn.Linear is one dot_general over the weight as stored, on every platform, which XLA:CPU runs on the
+    argument in place: torch's [out, in] in a TPU export, [in, out] off the TPU (tpu_backend.weight_layout), where
+    the one transpose back to torch's layout folds into the dot. A transposed copy made on every call was what a
+    weight.T then a dot cost (AlexNet's 4096x9216 classifier at batch 1: 1328 ms -> 31 ms; torch eager 73 ms)."""
     import jax
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(48, 40).eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
-    b = tpu_backend.export_program(converter.prepare(lin, (x,)))
-    assert tuple(b.weights["weight.io"].shape) == (48, 40)
+    b = tpu_backend.export_program(converter.prepare(lin, (x,)), platforms=platforms)
     sig = b.signatures["serving_default"]
+    if "tpu" in platforms:
+        assert tuple(b.weights["weight"].shape) == (40, 48)
+        assert "stablehlo.transpose" not in sig.exported.mlir_module()
+    else:
+        assert tuple(b.weights["weight.io"].shape) == (48, 40)
     assert "stablehlo.dot_general" in sig.exported.mlir_module()
     ws = [jax.ShapeDtypeStruct(tuple(b.weights[w].shape), np.float32) for w in sig.weight_names]
-    hlo = jax.jit(sig.exported.call).lower(ws, jax.ShapeDtypeStruct(tuple(x.shape), np.float32)).compile().as_text()
+    cpu = sig.exported if platforms == ("cpu",) else for_platform(sig.exported, "cpu")
+    hlo = jax.jit(cpu.call).lower(ws, jax.ShapeDtypeStruct(tuple(x.shape), np.float32)).compile().as_text()
     assert not re.search(r"f32\[(?:40,48|48,40)\]\{[\d,]*\} (?!parameter|bitcast)\w+\(", hlo), hlo
     with torch.no_grad():
         want = lin(x)

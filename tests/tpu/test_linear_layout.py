@@ -1,5 +1,6 @@
-"""Linear weights stored [in, out] (tpu_backend.weight_layout, ``<name>.io``): which weights are (only those every
-use of which is aten.linear's weight: not a tied embedding table, not one also read by a matmul, not an int8 one),
+"""Linear weights stored [in, out] (tpu_backend.weight_layout, ``<name>.io``) in exports without the TPU platform:
+which weights are (only those every use of which is aten.linear's weight: not a tied embedding table, not one also
+read by a matmul, not an int8 one; none in a TPU export),
 that each platform's program is still the model (torch eager, PJRT CPU), that a partition rule written for torch's
 [out, in] follows the weight, that XLA:CPU's dot reads the stored array in place, and that an LM artifact (tied
 embeddings) stores its projections so and generates transformers' greedy tokens."""
@@ -56,13 +57,22 @@ def _run(bundle, exported, ids) -> torch.Tensor:
     return torch.from_numpy(np.array(out, dtype=np.float32))
 
 
-def test_linear_only_weights_are_stored_in_out_and_each_platforms_program_is_the_model():
-    bundle, ids, want, model = _export()
+def test_linear_only_weights_are_stored_in_out_off_the_tpu_and_each_platforms_program_is_the_model():
+    bundle, ids, want, model = _export(platforms=("cuda", "cpu"))
     stored = {n: tuple(t.shape) for n, t in bundle.weights.items()}
     assert stored == {"emb.weight": (VOCAB, HIDDEN),  # gathered by the embedding and read by the head: as torch's
                       "up.weight.io": (HIDDEN, MLP), "up.bias": (MLP,), "down.weight.io": (MLP, HIDDEN),
                       "mix": (HIDDEN, HIDDEN)}  # also a matmul's [in, out] operand: as torch's
     torch.testing.assert_close(bundle.weights["up.weight.io"], model.up.weight.detach().T, rtol=0, atol=0)
+    exported = bundle.signatures["serving_default"].exported
+    assert rel_err(_run(bundle, for_platform(exported, "cpu"), ids), want) <= 1e-5
+
+
+def test_an_export_for_the_tpu_keeps_torchs_linear_layout():
+    # libtpu compiles the [in, out] form more slowly (tpu_backend.weight_layout): a TPU export stores [out, in]
+    bundle, ids, want, model = _export()
+    assert {n: tuple(t.shape) for n, t in bundle.weights.items() if n.startswith(("up.", "down."))} == {
+        "up.weight": (MLP, HIDDEN), "up.bias": (MLP,), "down.weight": (HIDDEN, MLP)}
     exported = bundle.signatures["serving_default"].exported
     for platform in ("tpu", "cpu"):  # each platform's program, run here on PJRT CPU
         assert rel_err(_run(bundle, for_platform(exported, platform), ids), want) <= 1e-5, platform
@@ -86,7 +96,8 @@ def test_int8_weights_keep_their_parts_and_small_linears_are_stored_in_out():
 
 
 def test_a_partition_rule_for_the_torch_weight_follows_it_into_in_out():
-    bundle, *_ = _export(mesh={"data": 2, "model": 2}, partition_rules=[(r"up\.weight", ("model", None))])
+    bundle, *_ = _export(platforms=("cpu",), mesh={"data": 2, "model": 2},
+                         partition_rules=[(r"up\.weight", ("model", None))])
     assert bundle.weight_shardings["up.weight.io"] == [None, "model"]  # torch's output dim, now dim 1
 
 
@@ -108,7 +119,7 @@ def test_a_weight_named_like_a_stored_one_is_refused():
     prog = converter.prepare(TiedLM().eval(), (torch.zeros(1, 3, dtype=torch.long),))
     prog.weights["up.weight.io"] = torch.zeros(1)
     with pytest.raises(ValueError, match=r"already has a weight named 'up\.weight\.io'"):
-        layout_rewrite(prog, "serving_default", plan_layouts(prog, ["serving_default"]))
+        layout_rewrite(prog, "serving_default", plan_layouts(prog, ["serving_default"], platforms=("cpu",)))
 
 
 @pytest.mark.slow

@@ -165,6 +165,6 @@ def test_weights_are_memory_mapped(mlp_artifacts):
     _, bundle, d, z = mlp_artifacts
     for path in (d, z):
         art = read_artifact(path)
-        w = art.weights["fc1.weight.io"]  # stored [in, out] (tpu_backend.weight_layout)
+        w = art.weights["fc1.weight"]
         assert isinstance(w.base, np.memmap) or isinstance(w, np.memmap)
-        np.testing.assert_array_equal(w, bundle.weights["fc1.weight.io"].numpy())
+        np.testing.assert_array_equal(w, bundle.weights["fc1.weight"].numpy())

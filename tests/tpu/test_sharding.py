@@ -118,11 +118,9 @@ def test_manifest_records_the_mesh_and_shardings(child_results):
     m = child_results["aot_manifest"]
     assert m["mesh"] == {"axis_names": ["data", "model"], "shape": [2, 2]}
     w = m["weights"]["tensors"]
-    # linear weights are stored [in, out] (tpu_backend.weight_layout): the rules, written for torch's
-    # [out, in], apply permuted
-    assert w["fc1.weight.io"]["sharding"] == [None, "model"]
+    assert w["fc1.weight"]["sharding"] == ["model", None]
     assert w["fc1.bias"]["sharding"] == ["model"]
-    assert w["fc2.weight.io"]["sharding"] == ["model", None]
+    assert w["fc2.weight"]["sharding"] == [None, "model"]
     assert w["fc2.bias"]["sharding"] == [None]
     sig = m["signatures"]["serving_default"]
     assert [i["sharding"] for i in sig["inputs"]] == [["data", None], ["data"]]

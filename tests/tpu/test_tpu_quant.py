@@ -63,7 +63,7 @@ def test_llama_int8_artifact_size_accuracy_kernel_and_aot(llama, tmp_path):
     assert record["scheme"] == "weight_only_int8" and sorted(record["weights"]) == sorted(linears)
     assert record["weights"][linears[0]] == {"int8": f"{linears[0]}.int8", "scale": f"{linears[0]}.int8_scale"}
     f32_table, int8_table = _weights_table(f32_path), _weights_table(int8_path)
-    float_bytes = sum(_nbytes(f32_table.get(n) or f32_table[f"{n}.io"]) for n in linears)  # float linears: [in, out]
+    float_bytes = sum(_nbytes(f32_table[n]) for n in linears)
     int8_bytes = sum(_nbytes(int8_table[f"{n}{sfx}"]) for n in linears for sfx in (".int8", ".int8_scale"))
     ratio = int8_bytes / float_bytes
     assert ratio <= 0.35, f"quantized weights are {ratio:.3f}x their float bytes"
@@ -125,9 +125,9 @@ def test_matmul_spellings_are_quantized_and_match():
     assert all(s.dtype == torch.float32 and s.shape[0] == q.shape[0] for q, s in plan.weights.values())
     bundle = tpu_backend.export_program(prog, platforms=("tpu", "cpu"), quant="int8", use_pallas="auto")
     # h @ proj.T / @ small.T are linears over the weights as stored (converter/passes/fold_matmul_transpose),
-    # not transposed copies; the small one stays f32, stored [in, out] (tpu_backend.weight_layout).
+    # not transposed copies; the small one stays f32.
     floats = {n: t for n, t in bundle.weights.items() if t.dtype == torch.float32 and t.dim() == 2}
-    assert {n: tuple(t.shape) for n, t in floats.items()} == {"small.io": (64, 8)}, floats.keys()
+    assert [tuple(t.shape) for t in floats.values()] == [(8, 64)], floats.keys()
     # 128 / 256 wide: "auto" takes the int8 kernel for both.
     assert "_int8_matmul_kernel" in KERNEL.findall(bundle.signatures["serving_default"].exported.mlir_module())
     with torch.no_grad():
