@@ -1,6 +1,6 @@
 """Decode steps of bench/serve.py's LM on PJRT CPU (the 32-row ``decode_slots``, the 8-row ``decode_slots_8`` and
 the batch-1 ``decode`` the sequential server runs), its linear weights stored [in, out] (``<name>.io``,
-tpu_backend.weight_layout: what the artifact stores) against torch's [out, in] (the same program with that layout
+tpu_backend.weight_layout: what a cpu-xla artifact stores) against torch's [out, in] (the same program with that layout
 switched off), in one process, the two programs alternating so a shared host's drifting load hits both.
 
     .venv/bin/python bench/decode_step_layout.py [--rounds 5] [--steps 10] [--layers 12] [--hidden 768]

@@ -14,8 +14,9 @@ a shared host are read as such.
 
 LM mode (the "lm" entry of the same file): a Llama-architecture model at published widths (hidden 768, 12 layers,
 12 heads, MLP 2048, vocab 32000, tied embeddings: 110 M parameters; random weights, seeded) with a word-level
-tokenizer over its 32000 ids, converted for tpu-v6e with slots=32 (prefill 16 and 32, cache 128), served twice: with
-continuous batching (--max-batch 32) and one request at a time (--max-batch 1: LoopGenerator's loop, the batch-1
+tokenizer over its 32000 ids, converted with slots=32 (prefill 16 and 32, cache 128) for --lm-target (cpu-xla, the
+artifact for the CPU it is served on here; tpu-v6e's artifact runs here too, with TPU-layout weights), served twice:
+with continuous batching (--max-batch 32) and one request at a time (--max-batch 1: LoopGenerator's loop, the batch-1
 prefill and decode signatures, the sequential generate of the same artifact). Streamed completions (greedy, 64 new
 tokens, prompts of 8 to 30 tokens) with 1, 8 and 32 in flight, both servers up and the two modes run back to back at
 each level: tokens/s, time to first token p50/p99, the time between tokens p50/p99 and the server's CPU time per
@@ -218,7 +219,8 @@ def main_lm(a) -> int:
     work = tempfile.mkdtemp(prefix="serve-lm-bench-")
     params = _lm_dir(os.path.join(work, "hf"), a.lm_layers, a.lm_hidden)
     t0 = time.perf_counter()
-    tpu_export.convert_lm(os.path.join(work, "hf"), {"tpu-v6e": {"aot": False, "slots": a.slots}},
+    options = {"slots": a.slots, **({"aot": False} if a.lm_target.startswith("tpu-") else {})}
+    tpu_export.convert_lm(os.path.join(work, "hf"), {a.lm_target: options},
                           os.path.join(work, "out"), prefill_lengths=(16, 32), cache_len=128)
     convert_s = time.perf_counter() - t0
     rnd = random.Random(0)
@@ -231,7 +233,7 @@ def main_lm(a) -> int:
     # drifts over minutes, and comparing runs minutes apart would measure the drift
     try:
         for mode, max_batch in (("continuous", a.slots), ("sequential", 1)):
-            proc, base, start_s = _serve([f"lm={work}/out/tpu-v6e", "--max-batch", str(max_batch),
+            proc, base, start_s = _serve([f"lm={work}/out/{a.lm_target}", "--max-batch", str(max_batch),
                                           "--request-timeout", "3600", "--max-queue", "1024"])
             servers[mode] = (proc, base, start_s, max_batch)
             _lm_load(base, ["w5 w6 w7"], 1, 2)  # the first request's connection setup
@@ -268,7 +270,7 @@ def main_lm(a) -> int:
     lm = {"command": " ".join(["bench/serve.py", *sys.argv[1:]]),
           "model": f"Llama architecture, hidden {a.lm_hidden}, {a.lm_layers} layers, vocab 32000, tied embeddings: "
                    f"{params / 1e6:.1f} M parameters (random weights)",
-          "artifact": f"tpu-v6e (PJRT CPU here), slots={a.slots}, prefill 16 and 32, cache 128, float32",
+          "artifact": f"{a.lm_target} (PJRT CPU here), slots={a.slots}, prefill 16 and 32, cache 128, float32",
           "new_tokens": a.new_tokens, "convert_s": convert_s, "speedup_tokens_per_s": speedup,
           "server_cpu_per_token_ratio": cpu_ratio,
           "same_text_as_sequential": same,
@@ -423,6 +425,8 @@ def main() -> int:
     ap.add_argument("--lm", action="store_true", help="the LM bench (continuous batching vs one at a time)")
     ap.add_argument("--lm-requests", default="4,16,32", help="LM: requests at each concurrency")
     ap.add_argument("--slots", type=int, default=32, help="LM: slots of the artifact")
+    ap.add_argument("--lm-target", default="cpu-xla", choices=["cpu-xla", "tpu-v6e", "cuda"],
+                    help="LM: the artifact's target (cpu-xla: the one for the CPU it is served on here)")
     ap.add_argument("--new-tokens", type=int, default=64, help="LM: new tokens per request")
     ap.add_argument("--lm-layers", type=int, default=12, help="LM: layers (12; fewer for a smoke run)")
     ap.add_argument("--lm-hidden", type=int, default=768, help="LM: hidden size (768; less for a smoke run)")
