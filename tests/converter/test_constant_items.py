@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_export import converter, litert_torch, tpu_backend
+from tests.converter.pass_backends import call_targets, run_on
+from tpu_export import converter, tpu_backend
 from tpu_export.converter.errors import UnsupportedOpsError
 from tpu_export.converter.numerics import rel_err
 from tpu_export.edge import convert_program
@@ -39,18 +40,13 @@ class InputItem(torch.nn.Module):
         return x[:, :k + 1].sum(1)
 
 
-def _ops(prog) -> list:
-    return [n.target for s in prog.signatures.values() for n in s.graph.nodes if n.op == "call_function"]
-
-
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_item_of_constants_is_folded(backend):
     module = AxialPositions().eval()
     x = torch.randn(2, 10, 6, generator=torch.Generator().manual_seed(1))
     prog = converter.prepare(module, (x,))
-    assert aten._local_scalar_dense.default not in _ops(prog)
-    run = litert_torch.Model(convert_program(prog)) if backend == "litert" else \
-        tpu_backend.export_program(prog, platforms=("cpu",))
+    assert aten._local_scalar_dense.default not in call_targets(prog)
+    run = run_on(prog, backend)
     with torch.no_grad():
         assert rel_err(run(x), module(x)) <= 1e-6
 
@@ -58,7 +54,7 @@ def test_item_of_constants_is_folded(backend):
 def test_item_of_an_input_is_refused_naming_it():
     args = (torch.randn(2, 5), torch.tensor([1, 3], dtype=torch.int32))
     prog = converter.prepare(InputItem().eval(), args)
-    assert aten._local_scalar_dense.default in _ops(prog)
+    assert aten._local_scalar_dense.default in call_targets(prog)
     with pytest.raises(UnsupportedOpsError, match=r"aten\._local_scalar_dense\.default"):
         convert_program(prog)
     with pytest.raises(UnsupportedOpsError, match=r"aten\._local_scalar_dense\.default"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_export import converter, litert_torch, tpu_backend
+from tests.converter.pass_backends import call_targets, run_on
+from tpu_export import converter, tpu_backend
 from tpu_export.converter.errors import UnsupportedOpsError
 from tpu_export.converter.numerics import rel_err
 from tpu_export.edge import convert_program
@@ -48,23 +49,14 @@ class PieceSums(torch.nn.Module):
         return torch.stack([p.sum(0) for p in x.split(counts.tolist())])
 
 
-def _ops(prog) -> list:
-    return [n.target for s in prog.signatures.values() for n in s.graph.nodes if n.op == "call_function"]
-
-
-def _run(prog, backend):
-    return litert_torch.Model(convert_program(prog)) if backend == "litert" else \
-        tpu_backend.export_program(prog, platforms=("cpu",))
-
-
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_expert_split_runs_as_masked_sums(backend):
     module = SortedExperts().eval()
     x = torch.randn(6, K, generator=torch.Generator().manual_seed(1))
     prog = converter.prepare(module, (x,))
-    assert aten._local_scalar_dense.default not in _ops(prog)
-    assert aten.split_with_sizes.default not in _ops(prog)
-    run = _run(prog, backend)
+    assert aten._local_scalar_dense.default not in call_targets(prog)
+    assert aten.split_with_sizes.default not in call_targets(prog)
+    run = run_on(prog, backend)
     for seed in (1, 2, 3):  # other inputs route other rows to other experts
         x = torch.randn(6, K, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
@@ -96,10 +88,10 @@ def test_jetmoe_matches_transformers(backend):
 
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     prog = converter.prepare(Hidden().eval(), (ids,))
-    assert aten._local_scalar_dense.default not in _ops(prog)
+    assert aten._local_scalar_dense.default not in call_targets(prog)
     with torch.no_grad():
         want = model(input_ids=ids.long()).last_hidden_state
-    assert rel_err(_run(prog, backend)(ids), want) <= 1e-5
+    assert rel_err(run_on(prog, backend)(ids), want) <= 1e-5
 
 
 def test_split_by_counts_used_otherwise_is_refused_naming_it():

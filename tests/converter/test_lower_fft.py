@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_export import converter, litert_torch, tpu_backend
+from tests.converter.pass_backends import call_targets, run_on
+from tpu_export import converter, tpu_backend
 from tpu_export.converter.errors import UnsupportedOpsError
 from tpu_export.converter.numerics import rel_err
 from tpu_export.edge import convert_program
@@ -64,23 +65,14 @@ CASES = {
 }
 
 
-def _ops(prog) -> list:
-    return [n.target for s in prog.signatures.values() for n in s.graph.nodes if n.op == "call_function"]
-
-
-def _run(prog, backend):
-    return litert_torch.Model(convert_program(prog)) if backend == "litert" else \
-        tpu_backend.export_program(prog, platforms=("cpu",))
-
-
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fft_runs_as_real_matmuls(case, backend):
     cls, args = CASES[case]
     module = cls().eval()
     prog = converter.prepare(module, args)
-    assert not [op for op in _ops(prog) if "fft" in str(op)]
-    got = _run(prog, backend)(*args)
+    assert not [op for op in call_targets(prog) if "fft" in str(op)]
+    got = run_on(prog, backend)(*args)
     with torch.no_grad():
         want = module(*args)
     got, want = (got, want) if isinstance(want, tuple) else ((got,), (want,))
@@ -96,7 +88,7 @@ class TwoMixes(torch.nn.Module):
 
 def test_real_part_computes_only_the_real_half_and_layers_share_the_matrices():
     prog = converter.prepare(TwoMixes().eval(), (torch.randn(2, 6, 8),))
-    matmuls = [op for op in _ops(prog) if op in (aten.linear.default, aten.matmul.default, aten.mm.default)]
+    matmuls = [op for op in call_targets(prog) if op in (aten.linear.default, aten.matmul.default, aten.mm.default)]
     assert len(matmuls) == 6  # per mix: dim 1 real and imaginary parts, dim 2 the real part
     assert len([w for w in prog.weights if w.startswith("dft_")]) == 3
 
@@ -155,7 +147,7 @@ def test_fnet_matches_transformers(variant, backend):
 
     ids = torch.randint(0, 100, (2, 8), generator=_g(), dtype=torch.int32)
     prog = converter.prepare(Hidden().eval(), (ids,))
-    assert not [op for op in _ops(prog) if "fft" in str(op) or "complex" in str(op)]
+    assert not [op for op in call_targets(prog) if "fft" in str(op) or "complex" in str(op)]
     with torch.no_grad():
         want = model(input_ids=ids.long()).last_hidden_state
-    assert rel_err(_run(prog, backend)(ids), want) <= TOL
+    assert rel_err(run_on(prog, backend)(ids), want) <= TOL

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tpu_export import converter, litert_torch, tpu_backend
+from tests.converter.pass_backends import call_targets, run_on
+from tpu_export import converter, tpu_backend
 from tpu_export.converter.errors import UnsupportedOpsError
 from tpu_export.converter.numerics import rel_err
 from tpu_export.edge import convert_program
@@ -39,28 +40,19 @@ class RowPerPosition(torch.nn.Module):
         return x.index_put((mask,), rows)  # one row per True position: as many as the mask holds
 
 
-def _ops(prog) -> list:
-    return [n.target for s in prog.signatures.values() for n in s.graph.nodes if n.op == "call_function"]
-
-
-def _run(prog, backend):
-    return litert_torch.Model(convert_program(prog)) if backend == "litert" else \
-        tpu_backend.export_program(prog, platforms=("cpu",))
-
-
 @pytest.mark.parametrize("backend", ["litert", "tpu"])
 def test_special_token_embedding_write_runs_as_where(backend):
     emb = _embedding()
     ids = torch.tensor([[3, EOI, 9, EOI, 1, 30], [EOI, 2, 2, 5, 31, 0]])
     prog = converter.prepare(emb, (ids.to(torch.int32),))
-    assert aten.index_put.default not in _ops(prog) and aten.where.self in _ops(prog)
+    assert aten.index_put.default not in call_targets(prog) and aten.where.self in call_targets(prog)
     with torch.no_grad():
         want = emb(ids)
     assert torch.equal(want[0, 1], emb.eoi_embedding.detach())  # the reference did overwrite the row
     for check in (ids, torch.tensor([[4, 4, 9, 8, 1, 30], [6, 2, 2, 5, 31, 0]])):  # a batch without the token too
         with torch.no_grad():
             want = emb(check)
-        got = _run(prog, backend)(check.to(torch.int32))
+        got = run_on(prog, backend)(check.to(torch.int32))
         assert rel_err(got, want) <= 1e-6
 
 
@@ -70,14 +62,14 @@ def test_accumulating_masked_write_after_a_full_slice(backend):
     args = (torch.randn(2, 3, 4, generator=g), torch.rand(3, 4, generator=g) < 0.5, torch.randn(2, 1, generator=g))
     module = MaskedRows().eval()
     prog = converter.prepare(module, args)
-    assert aten.index_put.default not in _ops(prog)
-    assert rel_err(_run(prog, backend)(*args), module(*args)) <= 1e-6
+    assert aten.index_put.default not in call_targets(prog)
+    assert rel_err(run_on(prog, backend)(*args), module(*args)) <= 1e-6
 
 
 def test_masked_write_of_a_row_per_position_is_refused_naming_it():
     mask = torch.tensor([True, False, True, False])
     prog = converter.prepare(RowPerPosition().eval(), (torch.randn(4, 3), mask, torch.randn(2, 3)))
-    assert aten.index_put.default in _ops(prog)
+    assert aten.index_put.default in call_targets(prog)
     with pytest.raises(UnsupportedOpsError, match=r"aten\.index_put\.default"):
         convert_program(prog)
     with pytest.raises(UnsupportedOpsError, match=r"aten\.index_put\.default"):
