@@ -331,18 +331,23 @@ def _spread(m, seed=1):
     return m
 
 
-def _unmatched(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
-    """torchvision's detections with no backend detection of the same label within tolerance (each used once)."""
+def _pairs(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
+    """For each of torchvision's detections, the index of the backend detection of the same label within tolerance
+    (each used once), or -1."""
     used = torch.zeros(len(boxes), dtype=torch.bool)
-    missing = 0
+    out = []
     for b, s, lab in zip(ref["boxes"], ref["scores"], ref["labels"]):
         ok = (~used & (labels.long() == lab) & ((scores - s).abs() <= score_tol)
               & ((boxes - b).abs().amax(1) <= atol)).nonzero().flatten()
+        out.append(int(ok[0]) if len(ok) else -1)
         if len(ok):
             used[ok[0]] = True
-        else:
-            missing += 1
-    return missing
+    return out
+
+
+def _unmatched(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
+    """torchvision's detections with no backend detection of the same label within tolerance (each used once)."""
+    return _pairs(ref, boxes, scores, labels, atol, score_tol).count(-1)
 
 
 @needs_torchvision
@@ -379,20 +384,6 @@ def test_torchvision_detector_matches_eager(kind, backend):
     assert _unmatched(ref, boxes[0][v], scores[0][v], labels[0][v]) == 0
     if kind == "maskrcnn":
         torch.testing.assert_close(out[4][0, :n], ref["masks"], rtol=0, atol=1e-5)
-
-
-def _pairs(ref, boxes, scores, labels, atol=1e-3, score_tol=1e-5):
-    """For each of torchvision's detections, the index of the backend detection of the same label within tolerance
-    (each used once), or -1."""
-    used = torch.zeros(len(boxes), dtype=torch.bool)
-    out = []
-    for b, s, lab in zip(ref["boxes"], ref["scores"], ref["labels"]):
-        ok = (~used & (labels.long() == lab) & ((scores - s).abs() <= score_tol)
-              & ((boxes - b).abs().amax(1) <= atol)).nonzero().flatten()
-        out.append(int(ok[0]) if len(ok) else -1)
-        if len(ok):
-            used[ok[0]] = True
-    return out
 
 
 def _keypoints_differ(ref_kps, ref_scores, kps, scores, score_atol, box_atol=1e-3):
