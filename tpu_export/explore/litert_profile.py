@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-__all__ = ["OpTime", "OpProfile", "ProfileError", "profile_ops"]
+__all__ = ["OpTime", "OpProfile", "ProfileError", "profile_ops", "profile_model", "fb_text"]
 
 # LiteRtProfilerEventType (litert/c/litert_profiler_event.h)
 _DEFAULT, _OPERATOR, _DELEGATE_OPERATOR, _DELEGATE_PROFILED_OPERATOR = 1, 2, 4, 8
@@ -117,7 +117,8 @@ def _library():
     return lib
 
 
-def _text(b) -> str:
+def fb_text(b) -> str:
+    """A flatbuffer string field (bytes from the object API) as str."""
     return b.decode() if isinstance(b, bytes) else b
 
 
@@ -129,7 +130,7 @@ def _op_names(model) -> list:
     codes = []
     for c in model.operatorCodes:
         code = max(c.builtinCode, c.deprecatedBuiltinCode)
-        custom = _text(c.customCode)
+        custom = fb_text(c.customCode)
         codes.append(custom if names[code] == "CUSTOM" and custom else names[code])
     return [[codes[op.opcodeIndex] for op in (sg.operators or [])] for sg in model.subgraphs]
 
@@ -173,18 +174,26 @@ def profile_ops(tflite_path: str, *, signature: str | None = None, inputs: dict 
     from .overlays import read_tflite
 
     path = os.fspath(tflite_path)
-    data = read_tflite(path)
-    model = read_model(data)
+    return profile_model(path, read_model(read_tflite(path)), signature=signature, inputs=inputs,
+                         min_time_s=min_time_s, max_runs=max_runs)
+
+
+def profile_model(tflite_path: str, model, *, signature: str | None = None, inputs: dict | None = None,
+                  min_time_s: float = 0.5, max_runs: int = 200) -> OpProfile:
+    """profile_ops for a caller that has read the file already: ``model`` is its parsed flatbuffer
+    (``tpu_export.edge.inspect.read_model``), so a caller profiling several signatures reads and parses it once.
+    Arguments, result and errors as profile_ops'."""
+    path = os.fspath(tflite_path)
     tags = _op_names(model)
-    sigs = {_text(sd.signatureKey): sd.subgraphIndex for sd in (model.signatureDefs or [])}
+    sigs = {fb_text(sd.signatureKey): sd.subgraphIndex for sd in (model.signatureDefs or [])}
     if not sigs:
         raise ProfileError(f"{path}: has no signature; LiteRT's CompiledModel runs a model by signature")
     if signature is None:
         signature = next((k for k, g in sigs.items() if g == 0), next(iter(sigs)))
     if signature not in sigs:
         raise ValueError(f"signature={signature!r}: not in {path}; its signatures are {', '.join(sigs)}")
-    sd = next(sd for sd in model.signatureDefs if _text(sd.signatureKey) == signature)
-    names = {_text(t.name) for t in sd.inputs or []}
+    sd = next(sd for sd in model.signatureDefs if fb_text(sd.signatureKey) == signature)
+    names = {fb_text(t.name) for t in sd.inputs or []}
     unknown = sorted(set(inputs or {}) - names)
     if unknown:
         raise ValueError(f"inputs: {unknown[0]!r} is not an input of signature {signature!r}; its inputs are "
@@ -260,8 +269,8 @@ def _run(lib, path, signature, sg_index, tags, inputs, min_time_s, max_runs, sg,
                 break
         if sig_idx is None:
             raise ProfileError(f"{path}: LiteRT does not list signature {signature!r}")
-        sd = next(sd for sd in model.signatureDefs if _text(sd.signatureKey) == signature)
-        in_dtypes = {_text(t.name): _DTYPES.get(sg.tensors[t.tensorIndex].type) for t in sd.inputs or []}
+        sd = next(sd for sd in model.signatureDefs if fb_text(sd.signatureKey) == signature)
+        in_dtypes = {fb_text(t.name): _DTYPES.get(sg.tensors[t.tensorIndex].type) for t in sd.inputs or []}
         rng = np.random.default_rng(0)
         ins, outs = [], []
         for is_in, lst in ((True, ins), (False, outs)):

@@ -229,15 +229,13 @@ def profiled_latency(tflite_path: str, inputs: dict | None = None) -> dict:
     """
     from tpu_export.edge.inspect import read_model
 
-    from .litert_profile import ProfileError, profile_ops
-
-    def text(b):
-        return b.decode() if isinstance(b, bytes) else b
+    from .litert_profile import ProfileError, fb_text, profile_model
 
     data = read_tflite(tflite_path)
     model = read_model(data)
     ids = _subgraph_ids(data)
-    sig_inputs = {text(sd.signatureKey): {text(t.name) for t in sd.inputs or []} for sd in model.signatureDefs or []}
+    sig_inputs = {fb_text(sd.signatureKey): {fb_text(t.name) for t in sd.inputs or []}
+                  for sd in model.signatureDefs or []}
     if not sig_inputs:
         raise ProfileError(f"{tflite_path}: has no signature; LiteRT's CompiledModel runs a model by signature")
     unknown = sorted(set(inputs or {}) - set().union(*sig_inputs.values()))
@@ -246,7 +244,8 @@ def profiled_latency(tflite_path: str, inputs: dict | None = None) -> dict:
                          f"{', '.join(sorted(set().union(*sig_inputs.values())))}")
     out: dict = {}
     for key, names in sig_inputs.items():
-        prof = profile_ops(tflite_path, signature=key, inputs={k: v for k, v in (inputs or {}).items() if k in names})
+        prof = profile_model(tflite_path, model, signature=key,
+                             inputs={k: v for k, v in (inputs or {}).items() if k in names})
         for op in prof.ops:
             gid = ids[op.subgraph]
             if gid in out and out[gid]["signature"] != key:
@@ -257,8 +256,7 @@ def profiled_latency(tflite_path: str, inputs: dict | None = None) -> dict:
             outs = sg.operators[op.index].outputs
             if outs is None or not len(outs) or outs[0] < 0:
                 continue
-            name = sg.tensors[outs[0]].name or b""
-            g["results"][name.decode() if isinstance(name, bytes) else name] = {"value": round(op.us, 3)}
+            g["results"][fb_text(sg.tensors[outs[0]].name or b"")] = {"value": round(op.us, 3)}
     for g in out.values():
         del g["signature"]
     return out
@@ -269,6 +267,8 @@ def _op_alone_latency(tflite_path: str, inputs: dict | None = None, repeats: int
     from ai_edge_litert.interpreter import Interpreter
 
     from tpu_export.edge.inspect import read_model
+
+    from .litert_profile import fb_text
 
     data = read_tflite(tflite_path)
     model = read_model(data)
@@ -316,7 +316,7 @@ def _op_alone_latency(tflite_path: str, inputs: dict | None = None, repeats: int
         except (RuntimeError, ValueError):  # an op that needs its subgraph (IF, WHILE) or its neighbours
             continue
         name = tensors[op.outputs[0]].name or b""
-        name = name.decode() if isinstance(name, bytes) else name
+        name = fb_text(name)
         results[name] = {"value": round(statistics.median(times) * 1e6, 3)}
     gid = _subgraph_ids(data)[0]
     return {"latency": {gid: {"name": f"latency (us, this CPU, {OP_ALONE_SOURCE})", "results": results,
