@@ -29,12 +29,11 @@ import torch
 
 from .._torch_compat import tree_leaves
 from ..program import Program
-from ._util import add_weight, fake_mode_of
+from ._util import add_weight, fake_mode_of, node_maker
 
 __all__ = ["lower_complex"]
 
 aten = torch.ops.aten
-_META = ("stack_trace", "nn_module_stack", "source_fn_stack")
 
 
 def lower_complex(prog: Program) -> None:
@@ -106,14 +105,7 @@ class _Rewrite:
                 self.graph.erase_node(u)
 
     def call(self, target, *args, **kwargs):
-        node = self.graph.call_function(target, args, kwargs)
-        vals, kwvals = torch.fx.node.map_arg((args, kwargs), lambda a: a.meta["val"])
-        with self.mode:
-            node.meta["val"] = target(*vals, **kwvals)
-        for k in _META:
-            if k in self.at.meta:
-                node.meta[k] = self.at.meta[k]
-        return node
+        return node_maker(self.graph, self.mode, self.at)(target, *args, **kwargs)  # the node being rewritten's line
 
     def pair(self, c):
         return self.real[c]
